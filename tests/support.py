@@ -1,0 +1,113 @@
+"""Helpers the test suites share: real processes on free ports, waited for and
+reaped, with their output kept for the failure report."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Process:
+    """A child process whose combined output goes to a log file."""
+
+    def __init__(self, argv: Sequence[str], *, env: dict[str, str] | None, log_path: Path, cwd: Path = ROOT):
+        self.argv = list(argv)
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        self.popen = subprocess.Popen(
+            self.argv,
+            cwd=cwd,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # so stop() reaches its children too
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def output(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def wait_http(self, url: str, timeout: float = 60.0, ok: Sequence[int] = (200,)) -> None:
+        deadline = time.monotonic() + timeout
+        last: object = None
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise RuntimeError(f"{self.argv[:4]} exited with {self.popen.returncode}:\n{self.output()[-4000:]}")
+            try:
+                r = httpx.get(url, timeout=2.0)
+                if r.status_code in ok:
+                    return
+                last = r.status_code
+            except httpx.HTTPError as exc:
+                last = exc
+            time.sleep(0.1)
+        raise TimeoutError(f"{url} not ready after {timeout}s (last: {last}):\n{self.output()[-4000:]}")
+
+    def wait_for_output(self, needle: str, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if needle in self.output():
+                return
+            if not self.alive():
+                raise RuntimeError(f"{self.argv[:4]} exited with {self.popen.returncode}:\n{self.output()[-4000:]}")
+            time.sleep(0.1)
+        raise TimeoutError(f"{needle!r} not seen after {timeout}s:\n{self.output()[-4000:]}")
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, sig)
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        if self.alive():
+            self.kill(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill(signal.SIGKILL)
+                self.popen.wait(5)
+        else:
+            # The session may still hold children (a server's workers).
+            self.kill(signal.SIGKILL)
+        self._log.close()
+        return self.popen.returncode
+
+
+@contextlib.contextmanager
+def running(argv: Sequence[str], *, env: dict[str, str] | None = None, log_path: Path) -> Iterator[Process]:
+    proc = Process(argv, env=env, log_path=log_path)
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+def child_env(**overrides: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.update(overrides)
+    return env
