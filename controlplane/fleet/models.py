@@ -1,0 +1,429 @@
+"""The fleet registry: pools, workers and the tokens workers enroll with.
+
+Which revision a worker should run: its own ``desired_revision`` when set (a
+per-worker override, used to make single canaries), else its pool's. Which it
+runs: what its agent last reported (``running_revision``). The two differ
+during every rollout; ``drift_since`` records since when, and a worker counts
+as drifting once that is older than ``DRIFT_GRACE_SECONDS``.
+
+Secrets (enrollment tokens, worker secrets) are stored as SHA-256 hashes:
+they are long random strings, so a plain hash is enough, and a leaked
+database does not let anyone heartbeat as a worker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.db import models, transaction
+from django.db.models import F, Q
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from controlplane import audit
+from controlplane.fleet import events
+from controlplane.fleet.health import AGENT_STATE_MAP, State, Thresholds, drift_since, is_drifting, liveness
+from controlplane.profiles.models import ENGINE_KIND_CHOICES, ProfileRevision
+from workers.contract import HeartbeatReply, HeartbeatRequest, ProfileRef, RegisterRequest
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AbstractBaseUser
+
+STATE_CHOICES = [(state.value, state.label) for state in State]
+ENROLLMENT_TOKEN_PREFIX = "cpe_"
+WORKER_SECRET_PREFIX = "cpw_"
+
+
+def hash_secret(plaintext: str) -> str:
+    return hashlib.sha256(plaintext.encode()).hexdigest()
+
+
+def heartbeat_interval_seconds() -> float:
+    return float(settings.HEARTBEAT_INTERVAL_SECONDS)
+
+
+def liveness_thresholds() -> Thresholds:
+    return Thresholds(
+        unhealthy_after_seconds=float(settings.WORKER_UNHEALTHY_AFTER_SECONDS),
+        offline_after_seconds=float(settings.WORKER_OFFLINE_AFTER_SECONDS),
+    )
+
+
+class EnrollmentRefused(Exception):
+    """Unknown, used-up or expired enrollment token."""
+
+
+class Pool(models.Model):
+    name = models.SlugField(max_length=100, unique=True)
+    description = models.TextField(blank=True)
+    desired_revision = models.ForeignKey(
+        ProfileRevision, null=True, blank=True, on_delete=models.PROTECT, related_name="pools"
+    )
+    created = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def revision_errors(self, revision: ProfileRevision | None) -> dict[str, list[str]]:
+        """Why ``revision`` cannot be this pool's desired revision: every
+        worker in the pool must be able to run it. Empty when it can."""
+        if revision is None:
+            return {}
+        return _revision_errors_for(revision, self.workers.filter(desired_revision__isnull=True))
+
+    def set_desired_revision(self, revision: ProfileRevision | None, *, now: datetime | None = None) -> None:
+        """Point the pool at ``revision`` and start its workers' drift clocks.
+        Callers validate first (``revision_errors``) and write the audit row."""
+        now = now or timezone.now()
+        with transaction.atomic():
+            self.desired_revision = revision
+            self.save(update_fields=["desired_revision"])
+            Worker.refresh_drift(self.workers.all(), now)
+
+
+class EnrollmentToken(models.Model):
+    name = models.CharField(max_length=100, help_text="what the token is for, e.g. 'rack 4 GPUs'")
+    token_hash = models.CharField(max_length=64, unique=True, editable=False)
+    token_prefix = models.CharField(max_length=12, editable=False, help_text="shown to tell tokens apart")
+    pool = models.ForeignKey(
+        Pool,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="enrollment_tokens",
+        help_text="workers that enroll with this token join this pool",
+    )
+    max_uses = models.PositiveIntegerField(null=True, blank=True, help_text="null: unlimited")
+    num_uses = models.PositiveIntegerField(default=0)
+    expires_at = models.DateTimeField(null=True, blank=True, help_text="null: never")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-created", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.token_prefix}…)"
+
+    @classmethod
+    def generate(cls) -> tuple[str, str, str]:
+        """A new plaintext token with its hash and display prefix."""
+        plaintext = ENROLLMENT_TOKEN_PREFIX + secrets.token_urlsafe(32)
+        return plaintext, hash_secret(plaintext), plaintext[: len(ENROLLMENT_TOKEN_PREFIX) + 4]
+
+    @classmethod
+    def issue(cls, name: str, *, created_by: AbstractBaseUser | None = None, **fields: Any) -> tuple[EnrollmentToken, str]:
+        """Create a token; the plaintext is returned once and never stored."""
+        plaintext, token_hash, prefix = cls.generate()
+        token = cls.objects.create(
+            name=name, token_hash=token_hash, token_prefix=prefix, created_by=created_by, **fields
+        )
+        return token, plaintext
+
+    def is_usable(self, now: datetime) -> bool:
+        if self.expires_at is not None and self.expires_at <= now:
+            return False
+        return self.max_uses is None or self.num_uses < self.max_uses
+
+    @classmethod
+    def redeem(cls, plaintext: str, now: datetime) -> EnrollmentToken:
+        """Use the token once. The conditional update claims the use, so two
+        workers racing for the last use cannot both get it."""
+        usable = cls.objects.filter(token_hash=hash_secret(plaintext)).filter(
+            Q(expires_at__isnull=True) | Q(expires_at__gt=now),
+            Q(max_uses__isnull=True) | Q(num_uses__lt=F("max_uses")),
+        )
+        token = usable.first()
+        if token is None or usable.filter(pk=token.pk).update(num_uses=F("num_uses") + 1) != 1:
+            raise EnrollmentRefused("unknown, used-up or expired enrollment token")
+        token.refresh_from_db(fields=["num_uses"])
+        return token
+
+
+class WorkerQuerySet(models.QuerySet["Worker"]):
+    def for_heartbeat(self) -> WorkerQuerySet:
+        """Everything the heartbeat reply needs, in one query."""
+        return self.select_related(
+            "desired_revision__profile", "pool__desired_revision__profile", "running_revision"
+        )
+
+    def drifting(self, now: datetime | None = None) -> WorkerQuerySet:
+        now = now or timezone.now()
+        return self.filter(drift_since__lte=now - timedelta(seconds=settings.DRIFT_GRACE_SECONDS))
+
+    def routable(self) -> WorkerQuerySet:
+        """Workers a gateway may send new requests to."""
+        return self.filter(state=State.READY, cordoned=False, drain_requested=False)
+
+
+class Worker(models.Model):
+    State = State
+
+    name = models.CharField(max_length=100, unique=True)
+    url = models.URLField(max_length=300, help_text="where the worker's OpenAI server listens")
+    pool = models.ForeignKey(Pool, null=True, blank=True, on_delete=models.PROTECT, related_name="workers")
+    labels = models.JSONField(default=dict, blank=True)
+    hardware = models.JSONField(default=dict, blank=True)
+    engine_kind = models.CharField(max_length=16, choices=ENGINE_KIND_CHOICES, default="reference")
+    model = models.CharField(max_length=200, blank=True)
+    max_model_len = models.PositiveIntegerField(default=0, help_text="0: unknown")
+
+    state = models.PositiveSmallIntegerField(choices=STATE_CHOICES, default=State.REGISTERING, db_index=True)
+    state_changed_at = models.DateTimeField(default=timezone.now)
+    cordoned = models.BooleanField(default=False, help_text="the gateway sends it no new requests")
+    drain_requested = models.BooleanField(default=False, help_text="the agent is told to stop admitting")
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    load = models.JSONField(default=dict, blank=True)
+
+    desired_revision = models.ForeignKey(
+        ProfileRevision,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="workers_desiring",
+        help_text="per-worker override of the pool's desired revision; null: the pool's",
+    )
+    running_revision = models.ForeignKey(
+        ProfileRevision, null=True, blank=True, on_delete=models.SET_NULL, related_name="workers_running"
+    )
+    running_profile = models.JSONField(default=dict, blank=True, help_text="as the agent reported it, in full")
+    apply_error = models.TextField(blank=True, help_text="why the agent's last apply failed")
+    drift_since = models.DateTimeField(null=True, blank=True, db_index=True)
+
+    secret_hash = models.CharField(max_length=64, unique=True, null=True, blank=True, editable=False)
+    enrollment_token = models.ForeignKey(
+        EnrollmentToken, null=True, blank=True, on_delete=models.SET_NULL, related_name="workers"
+    )
+    registered_at = models.DateTimeField(default=timezone.now)
+
+    objects = WorkerQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["name"]
+        indexes = [models.Index(fields=["state", "last_heartbeat_at"], name="worker_state_heartbeat")]
+
+    def __str__(self) -> str:
+        return self.name
+
+    # ---- what it should run -------------------------------------------
+    @property
+    def state_label(self) -> str:
+        return State(self.state).label
+
+    def effective_desired_revision(self) -> ProfileRevision | None:
+        if self.desired_revision_id is not None:
+            return self.desired_revision
+        return self.pool.desired_revision if self.pool is not None else None
+
+    def effective_desired_revision_id(self) -> int | None:
+        if self.desired_revision_id is not None:
+            return self.desired_revision_id
+        return self.pool.desired_revision_id if self.pool is not None else None
+
+    def desired_revision_for_agent(self) -> ProfileRef | None:
+        revision = self.effective_desired_revision()
+        return revision.as_ref() if revision is not None else None
+
+    def is_drifting(self, now: datetime | None = None) -> bool:
+        return is_drifting(self.drift_since, now or timezone.now(), settings.DRIFT_GRACE_SECONDS)
+
+    def revision_errors(self, revision: ProfileRevision | None) -> dict[str, list[str]]:
+        if revision is None:
+            return {}
+        return _revision_errors_for(revision, [self])
+
+    # ---- agent contract -----------------------------------------------
+    @classmethod
+    def register(cls, req: RegisterRequest, *, now: datetime | None = None) -> tuple[Worker, str]:
+        """Enroll a worker (or re-enroll one that restarted: same name, same
+        row, new secret). Returns the worker and its secret, which is shown
+        once. Raises EnrollmentRefused."""
+        now = now or timezone.now()
+        secret = WORKER_SECRET_PREFIX + secrets.token_urlsafe(32)
+        with transaction.atomic():
+            token = EnrollmentToken.redeem(req["enroll_token"], now)
+            worker = cls.objects.select_for_update().filter(name=req["name"]).first()
+            created = worker is None
+            before = None if created else audit.snapshot(worker)
+            worker = worker or cls(name=req["name"])
+            worker.url = req["url"]
+            worker.engine_kind = req["engine_kind"]
+            worker.model = req["model"]
+            worker.max_model_len = req["max_model_len"]
+            worker.hardware = dict(req["hardware"])
+            worker.labels = dict(req["labels"])
+            if token.pool_id is not None:
+                worker.pool_id = token.pool_id
+            worker.enrollment_token = token
+            worker.secret_hash = hash_secret(secret)
+            worker.registered_at = now
+            worker.state = State.REGISTERING
+            worker.state_changed_at = now
+            worker.drift_since = drift_since(
+                worker.drift_since, worker.effective_desired_revision_id(), worker.running_revision_id, now
+            )
+            worker.save()
+            audit.record(
+                f"worker:{worker.name}", "worker.register", worker, before, audit.snapshot(worker), time=now
+            )
+            events.worker_changed(worker.pk, created=created)
+        return worker, secret
+
+    @classmethod
+    def authenticate(cls, secret: str) -> Worker | None:
+        return cls.objects.for_heartbeat().filter(secret_hash=hash_secret(secret)).first()
+
+    def record_heartbeat(self, hb: HeartbeatRequest, *, now: datetime | None = None) -> HeartbeatReply:
+        """Take in one heartbeat: state, load, what it runs. Returns the reply
+        that tells the agent what to run and whether to drain.
+
+        One UPDATE; the dashboard hears of it only when something it shows
+        (state, running revision, drift) changed."""
+        now = now or timezone.now()
+        old = (self.state, self.running_revision_id, self.drift_since)
+
+        self.state = AGENT_STATE_MAP[hb["state"]]
+        if self.state != old[0]:
+            self.state_changed_at = now
+        running_id = hb["running_revision_id"]
+        if running_id != self.running_revision_id:
+            # An id we do not know (deleted, or another control plane's) is
+            # as good as none: the worker runs a profile we cannot name.
+            if running_id is not None and not ProfileRevision.objects.filter(pk=running_id).exists():
+                running_id = None
+            self.running_revision_id = running_id
+        self.drift_since = drift_since(self.drift_since, self.effective_desired_revision_id(), running_id, now)
+        self.last_heartbeat_at = now
+        self.load = dict(hb["load"])
+        if hb["hardware"]:
+            self.hardware = dict(hb["hardware"])
+        self.running_profile = dict(hb["running_profile"])
+        self.apply_error = hb["apply_error"] or ""
+        self.save(
+            update_fields=[
+                "state", "state_changed_at", "running_revision", "drift_since", "last_heartbeat_at",
+                "load", "hardware", "running_profile", "apply_error",
+            ]
+        )
+        if (self.state, self.running_revision_id, self.drift_since) != old:
+            if State(old[0]).is_lost:
+                audit.record(
+                    f"worker:{self.name}",
+                    "worker.state_change",
+                    self,
+                    {"state": State(old[0]).label},
+                    {"state": self.state_label},
+                    time=now,
+                )
+            if self.running_revision_id != old[1] and self.running_revision_id is not None:
+                audit.record(
+                    f"worker:{self.name}",
+                    "worker.profile_applied",
+                    self,
+                    {"running_revision": old[1]},
+                    {"running_revision": self.running_revision_id},
+                    time=now,
+                )
+            events.worker_changed(self.pk)
+        return HeartbeatReply(
+            worker_id=self.pk,
+            desired=self.desired_revision_for_agent(),
+            drain=self.drain_requested,
+            heartbeat_interval_seconds=heartbeat_interval_seconds(),
+        )
+
+    # ---- operator actions (callers write the audit row) ---------------
+    def set_flags(self, **flags: bool) -> None:
+        """cordoned / drain_requested. Draining implies cordoned: a worker
+        told to stop admitting must not be sent new requests meanwhile."""
+        for name, value in flags.items():
+            if name not in ("cordoned", "drain_requested"):
+                raise TypeError(f"unknown flag {name}")
+            setattr(self, name, value)
+        if self.drain_requested:
+            self.cordoned = True
+        self.save(update_fields=["cordoned", "drain_requested"])
+        events.worker_changed(self.pk)
+
+    def set_desired_revision(self, revision: ProfileRevision | None, *, now: datetime | None = None) -> None:
+        """Override the pool's revision for this worker alone (None: follow
+        the pool again). Callers validate first and write the audit row."""
+        now = now or timezone.now()
+        self.desired_revision = revision
+        self.drift_since = drift_since(self.drift_since, self.effective_desired_revision_id(), self.running_revision_id, now)
+        self.save(update_fields=["desired_revision", "drift_since"])
+        events.worker_changed(self.pk)
+
+    @staticmethod
+    def refresh_drift(workers: models.QuerySet[Worker] | list[Worker], now: datetime) -> int:
+        """Re-derive ``drift_since`` from stored desired vs running; returns
+        how many workers changed. Safe to run any time (the health sweep does)."""
+        changed = 0
+        for worker in workers.select_related("pool") if isinstance(workers, models.QuerySet) else workers:
+            since = drift_since(worker.drift_since, worker.effective_desired_revision_id(), worker.running_revision_id, now)
+            if since != worker.drift_since:
+                Worker.objects.filter(pk=worker.pk).update(drift_since=since)
+                worker.drift_since = since
+                events.worker_changed(worker.pk)
+                changed += 1
+        return changed
+
+    # ---- health sweep ---------------------------------------------------
+    @classmethod
+    def sweep_liveness(cls, now: datetime | None = None) -> list[tuple[int, State, State]]:
+        """Mark silent workers unhealthy, then offline. Each transition is a
+        conditional update (the worker may heartbeat meanwhile, and two
+        sweeps may run at once) and writes one audit row.
+        Returns (worker id, from, to) for each transition made."""
+        now = now or timezone.now()
+        limits = liveness_thresholds()
+        unhealthy_before = now - timedelta(seconds=limits.unhealthy_after_seconds)
+        last_seen = Coalesce("last_heartbeat_at", "registered_at")
+        candidates = (
+            cls.objects.annotate(last_seen=last_seen)
+            .filter(last_seen__lte=unhealthy_before)
+            .exclude(state=State.OFFLINE)
+            .only("id", "name", "state", "last_heartbeat_at", "registered_at")
+        )
+        transitions = []
+        for worker in candidates:
+            current = State(worker.state)
+            target = liveness(current, worker.last_seen, now, limits)
+            if target == current:
+                continue
+            with transaction.atomic():
+                claimed = cls.objects.filter(
+                    pk=worker.pk, state=current, last_heartbeat_at=worker.last_heartbeat_at
+                ).update(state=target, state_changed_at=now)
+                if claimed != 1:
+                    continue  # it heartbeat, or another sweep got there first
+                audit.record(
+                    "system:health-sweep",
+                    "worker.state_change",
+                    worker,
+                    {"state": current.label},
+                    {"state": target.label, "silent_seconds": round((now - worker.last_seen).total_seconds(), 1)},
+                    time=now,
+                )
+                events.worker_changed(worker.pk)
+            transitions.append((worker.pk, current, target))
+        return transitions
+
+
+def _revision_errors_for(revision: ProfileRevision, workers: Any) -> dict[str, list[str]]:
+    """Each worker's engine must accept the revision, for its own engine kind
+    and model length; errors name the worker."""
+    messages: list[str] = []
+    for worker in workers:
+        for field, reasons in revision.errors_for_worker(worker.engine_kind, worker.max_model_len).items():
+            messages.extend(f"worker {worker.name} ({worker.engine_kind}): {field}: {reason}" for reason in reasons)
+    return {"desired_revision": messages} if messages else {}
