@@ -1,0 +1,484 @@
+"""The worker's HTTP face: OpenAI's API, /health and /metrics (Starlette).
+
+Each completion request is parsed (``protocol``), admitted by the host
+(bounded; 429 or 503 before the first byte), tokenized and checked against
+the model's context, then run on the engine the host admitted it to. The
+first output is awaited before the response starts, so a request the engine
+rejects gets a 400 and one aborted before its first token (the engine is
+shutting down) a retryable 503, never a 200 that breaks off. A client that
+goes away aborts its request in the engine, which frees its KV blocks: while
+streaming through the response's disconnect listener, before that through
+``_until_disconnect``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import Lifespan, Receive, Scope, Send
+
+from workers.engine_api import AsyncEngine, EngineError, RequestError, RequestOutput
+from workers.server import protocol as p
+from workers.server.host import READY, EngineHost, QueueFull, Ticket, Unavailable
+from workers.server.metrics import CONTENT_TYPE, MetricsExporter
+
+log = logging.getLogger(__name__)
+
+RETRY_AFTER_SECONDS = 1
+# Tokenize long prompts off the event loop, so that one 30K-token prompt does
+# not hold up every other stream's next chunk.
+THREAD_TOKENIZE_CHARS = 16_000
+
+
+def error_response(error: p.ApiError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+def unavailable(state: str) -> p.ApiError:
+    return p.ApiError(
+        f"The worker is {state} and is not admitting requests; retry shortly or on another worker.",
+        status=503,
+        type="service_unavailable",
+        code=f"worker_{state}",
+        headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+    )
+
+
+class EventStreamResponse(StreamingResponse):
+    """SSE whose event generator is always closed when the response ends:
+    on a client disconnect Starlette cancels the send loop, which may leave
+    the generator suspended at a ``yield``; closing it runs its ``finally``,
+    which aborts the engine request and frees its blocks."""
+
+    def __init__(self, events: AsyncIterator[bytes]):
+        super().__init__(
+            events,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async with contextlib.aclosing(self.body_iterator):  # type: ignore[type-var]
+            await super().__call__(scope, receive, send)
+
+
+async def _until_disconnect(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _cancel_on_disconnect(request: Request, work: Awaitable[Response]) -> Response:
+    """Run ``work``; if the client disconnects first, cancel it (its
+    ``finally`` aborts the engine requests). vLLM's ``with_cancellation``."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_until_disconnect(request.receive))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return Response(status_code=499)  # nobody is listening
+
+
+@dataclasses.dataclass
+class _Run:
+    """One prompt of a request on the engine."""
+
+    index: int
+    request_id: str
+    prompt_text: str | None
+    prompt_token_ids: list[int]
+    stream: AsyncIterator[RequestOutput]
+    first: RequestOutput | None = None
+    finished: bool = False
+    num_output_tokens: int = 0
+    num_cached_tokens: int = 0
+
+
+class OpenAIServer:
+    def __init__(self, host: EngineHost, exporter: MetricsExporter, *, model_name: str, model_aliases: tuple[str, ...] = ()):
+        self.host = host
+        self.exporter = exporter
+        self.model_name = model_name
+        self.served = (model_name, *model_aliases)
+
+    # ---- small endpoints ---------------------------------------------------------
+    async def health(self, request: Request) -> Response:
+        body = self.host.describe()
+        return JSONResponse(body, status_code=200 if self.host.state == READY else 503)
+
+    async def models(self, request: Request) -> Response:
+        engine = self.host.engine
+        card = {
+            "id": self.model_name,
+            "object": "model",
+            "created": p.now_seconds(),
+            "owned_by": "chunkpilot",
+            "root": self.served[-1],
+            "parent": None,
+            "max_model_len": engine.max_model_len if engine is not None else None,
+        }
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def metrics(self, request: Request) -> Response:
+        return Response(self.exporter.render(), media_type=CONTENT_TYPE)
+
+    # ---- completions ---------------------------------------------------------------
+    async def completions(self, request: Request) -> Response:
+        return await self._serve(request, "completion")
+
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._serve(request, "chat")
+
+    async def _serve(self, request: Request, kind: str) -> Response:
+        try:
+            data = p.parse_json(await request.body())
+            p.check_model(data, self.served)
+            req = p.parse_completion(data) if kind == "completion" else p.parse_chat(data)
+        except p.ApiError as exc:
+            return error_response(exc)
+        prefix = "cmpl" if kind == "completion" else "chatcmpl"
+        response_id = f"{prefix}-{uuid.uuid4().hex}"
+        num_prompts = max(1, len(req.prompts))
+        request_ids = [f"{response_id}-{i}" for i in range(num_prompts)]
+        try:
+            ticket = self.host.admit(request_ids)
+        except Unavailable as exc:
+            return error_response(unavailable(exc.state))
+        except QueueFull as exc:
+            return error_response(
+                p.ApiError(
+                    f"The worker's queue is full ({exc}); retry after a moment.",
+                    status=429,
+                    type="rate_limit_error",
+                    code="queue_full",
+                    headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+                )
+            )
+        return await _cancel_on_disconnect(request, self._run(ticket, req, response_id, request_ids))
+
+    async def _run(self, ticket: Ticket, req: p.CompletionRequest, response_id: str, request_ids: list[str]) -> Response:
+        engine = ticket.engine
+        runs: list[_Run] = []
+        handed_over = False
+        try:
+            runs = await self._start_runs(engine, req, request_ids)
+            if req.stream:
+                handed_over = True
+                return EventStreamResponse(self._events(ticket, engine, req, response_id, runs))
+            return JSONResponse(await self._collect(engine, req, response_id, runs))
+        except p.ApiError as exc:
+            return error_response(exc)
+        finally:
+            if not handed_over:
+                await self._close(engine, runs)
+                ticket.release()
+
+    async def _start_runs(self, engine: AsyncEngine, req: p.CompletionRequest, request_ids: list[str]) -> list[_Run]:
+        """Tokenize, check the context, submit, and await each first output."""
+        prompts: list[str | list[int]]
+        if req.kind == "chat":
+            try:
+                prompts = [engine.apply_chat_template(req.messages, add_generation_prompt=req.add_generation_prompt)]
+            except RequestError as exc:
+                raise p.bad(str(exc), param=exc.field or "messages") from exc
+        else:
+            prompts = req.prompts
+        runs: list[_Run] = []
+        try:
+            for index, (prompt, request_id) in enumerate(zip(prompts, request_ids, strict=True)):
+                if isinstance(prompt, str):
+                    if len(prompt) > THREAD_TOKENIZE_CHARS:
+                        token_ids = await asyncio.to_thread(engine.encode, prompt)
+                    else:
+                        token_ids = engine.encode(prompt)
+                else:
+                    token_ids = prompt
+                if not token_ids:
+                    raise p.bad("`prompt` must not be empty.", param="prompt")
+                error = p.context_error(
+                    engine.max_model_len, len(token_ids), req.params.max_tokens, req.kind
+                )
+                if error is not None:
+                    raise error
+                params = dataclasses.replace(req.params, stop=list(req.params.stop))
+                stream = engine.generate(token_ids, params, request_id)
+                runs.append(
+                    _Run(index, request_id, prompt if isinstance(prompt, str) else None, list(token_ids), stream)
+                )
+            for run in runs:
+                run.first = await self._first(run)
+        except BaseException:
+            await self._close(engine, runs)
+            raise
+        return runs
+
+    async def _first(self, run: _Run) -> RequestOutput:
+        try:
+            first = await anext(run.stream)
+        except RequestError as exc:
+            raise p.bad(str(exc), param=exc.field) from exc
+        except StopAsyncIteration as exc:
+            raise p.ApiError("the engine ended the request without output.", status=500, type="server_error") from exc
+        except EngineError as exc:
+            raise p.ApiError(
+                f"The engine failed: {exc}", status=503, type="service_unavailable", code="engine_error",
+                headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+            ) from exc
+        completion = first.outputs[0]
+        if first.finished and completion.finish_reason == "abort" and not completion.token_ids:
+            run.finished = True
+            # Aborted before its first token (drain deadline, shutdown): the
+            # client has seen nothing, so this is safe to retry.
+            raise unavailable("draining")
+        return first
+
+    async def _close(self, engine: AsyncEngine, runs: list[_Run]) -> None:
+        for run in runs:
+            aclose = getattr(run.stream, "aclose", None)
+            with contextlib.suppress(Exception):
+                if aclose is not None:
+                    await aclose()
+                if not run.finished:
+                    await engine.abort(run.request_id)
+
+    async def _outputs(self, runs: list[_Run]) -> AsyncIterator[tuple[_Run, RequestOutput]]:
+        """Every output of every run, first outputs first; runs interleave."""
+        for run in runs:
+            assert run.first is not None
+            yield run, run.first
+        live = [r for r in runs if not r.first.finished]  # type: ignore[union-attr]
+        if len(live) == 1:
+            run = live[0]
+            async for out in run.stream:
+                yield run, out
+            return
+        queue: asyncio.Queue[tuple[_Run, RequestOutput | BaseException | None]] = asyncio.Queue()
+
+        async def pump(run: _Run) -> None:
+            try:
+                async for out in run.stream:
+                    await queue.put((run, out))
+            except BaseException as exc:  # noqa: BLE001 — handed to the consumer
+                await queue.put((run, exc))
+                return
+            await queue.put((run, None))
+
+        tasks = [asyncio.ensure_future(pump(r)) for r in live]
+        try:
+            remaining = len(tasks)
+            while remaining:
+                run, item = await queue.get()
+                if item is None:
+                    remaining -= 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    yield run, item
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    def _token_strings(self, engine: AsyncEngine, token_ids: list[int]) -> list[str]:
+        return [engine.decode([t]) for t in token_ids]
+
+    def _logprobs(self, engine: AsyncEngine, req: p.CompletionRequest, out: RequestOutput, offset: int) -> Any:
+        completion = out.outputs[0]
+        if not req.logprobs or completion.logprobs is None:
+            return None
+        tokens = self._token_strings(engine, list(completion.token_ids))
+        if req.kind == "chat":
+            return p.chat_logprobs(tokens, list(completion.logprobs))
+        return p.completion_logprobs(tokens, list(completion.logprobs), offset)
+
+    async def _collect(self, engine: AsyncEngine, req: p.CompletionRequest, response_id: str, runs: list[_Run]) -> dict[str, Any]:
+        texts = {r.index: [] for r in runs}  # type: dict[int, list[str]]
+        logprobs: dict[int, list[Any]] = {r.index: [] for r in runs}
+        finish: dict[int, tuple[str | None, Any]] = {}
+        try:
+            async for run, out in self._outputs(runs):
+                completion = out.outputs[0]
+                texts[run.index].append(completion.text)
+                run.num_output_tokens += len(completion.token_ids)
+                lp = self._logprobs(engine, req, out, 0)
+                if lp is not None:
+                    logprobs[run.index].append(lp)
+                if out.finished:
+                    run.finished = True
+                    run.num_cached_tokens = out.num_cached_tokens
+                    finish[run.index] = (completion.finish_reason, completion.stop_reason)
+        except EngineError as exc:
+            raise p.ApiError(f"The engine failed: {exc}", status=500, type="server_error") from exc
+        choices = []
+        for run in runs:
+            text = "".join(texts[run.index])
+            reason, stop_reason = finish.get(run.index, (None, None))
+            if req.kind == "chat":
+                choice: dict[str, Any] = {
+                    "index": run.index,
+                    "message": {"role": "assistant", "content": text},
+                    "logprobs": _merge_logprobs(logprobs[run.index], "chat"),
+                    "finish_reason": reason,
+                    "stop_reason": stop_reason,
+                }
+            else:
+                if req.echo:
+                    text = (run.prompt_text if run.prompt_text is not None else engine.decode(run.prompt_token_ids)) + text
+                choice = {
+                    "index": run.index,
+                    "text": text,
+                    "logprobs": _merge_logprobs(logprobs[run.index], "completion"),
+                    "finish_reason": reason,
+                    "stop_reason": stop_reason,
+                }
+            choices.append(choice)
+        return {
+            "id": response_id,
+            "object": "chat.completion" if req.kind == "chat" else "text_completion",
+            "created": p.now_seconds(),
+            "model": self.model_name,
+            "choices": choices,
+            "usage": p.usage(
+                sum(len(r.prompt_token_ids) for r in runs),
+                sum(r.num_output_tokens for r in runs),
+                sum(r.num_cached_tokens for r in runs),
+            ),
+        }
+
+    async def _events(
+        self, ticket: Ticket, engine: AsyncEngine, req: p.CompletionRequest, response_id: str, runs: list[_Run]
+    ) -> AsyncIterator[bytes]:
+        chat = req.kind == "chat"
+        created = p.now_seconds()
+        base: dict[str, Any] = {
+            "id": response_id,
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": created,
+            "model": self.model_name,
+        }
+        if req.include_usage:
+            base["usage"] = None
+        offsets = {r.index: 0 for r in runs}
+        try:
+            if chat:
+                yield p.sse(
+                    {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]}
+                )
+            elif req.echo:
+                for run in runs:
+                    text = run.prompt_text if run.prompt_text is not None else engine.decode(run.prompt_token_ids)
+                    offsets[run.index] = len(text)
+                    yield p.sse({**base, "choices": [{"index": run.index, "text": text, "logprobs": None, "finish_reason": None}]})
+            async for run, out in self._outputs(runs):
+                completion = out.outputs[0]
+                run.num_output_tokens += len(completion.token_ids)
+                if out.finished:
+                    run.finished = True
+                    run.num_cached_tokens = out.num_cached_tokens
+                elif not completion.text:
+                    continue  # tokens that do not yet decode to text (a split character)
+                lp = self._logprobs(engine, req, out, offsets[run.index])
+                offsets[run.index] += len(completion.text)
+                if chat:
+                    choice: dict[str, Any] = {
+                        "index": run.index,
+                        "delta": {"content": completion.text} if completion.text else {},
+                        "logprobs": lp,
+                        "finish_reason": completion.finish_reason if out.finished else None,
+                    }
+                else:
+                    choice = {
+                        "index": run.index,
+                        "text": completion.text,
+                        "logprobs": lp,
+                        "finish_reason": completion.finish_reason if out.finished else None,
+                    }
+                if out.finished:
+                    choice["stop_reason"] = completion.stop_reason
+                yield p.sse({**base, "choices": [choice]})
+            if req.include_usage:
+                yield p.sse(
+                    {
+                        **base,
+                        "choices": [],
+                        "usage": p.usage(
+                            sum(len(r.prompt_token_ids) for r in runs),
+                            sum(r.num_output_tokens for r in runs),
+                            sum(r.num_cached_tokens for r in runs),
+                        ),
+                    }
+                )
+        except EngineError as exc:
+            error = p.ApiError(f"The engine failed: {exc}", status=500, type="server_error")
+            yield p.sse(error.body())
+        finally:
+            await self._close(engine, runs)
+            ticket.release()
+        yield p.SSE_DONE
+
+
+def _merge_logprobs(parts: list[Any], kind: str) -> Any:
+    if not parts:
+        return None
+    if kind == "chat":
+        return {"content": [c for part in parts for c in part["content"]]}
+    merged: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for part in parts:
+        for key in merged:
+            merged[key].extend(part[key])
+    return merged
+
+
+def build_app(
+    host: EngineHost,
+    exporter: MetricsExporter,
+    *,
+    model_name: str,
+    model_aliases: tuple[str, ...] = (),
+    lifespan: Lifespan[Any] | None = None,
+) -> Starlette:
+    server = OpenAIServer(host, exporter, model_name=model_name, model_aliases=model_aliases)
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return error_response(p.ApiError(f"no route {request.url.path}", status=404, type="not_found_error"))
+
+    async def not_allowed(request: Request, exc: Exception) -> Response:
+        return error_response(p.ApiError(f"{request.method} is not allowed here", status=405, type="invalid_request_error"))
+
+    async def internal(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error", exc_info=exc)
+        return error_response(p.ApiError(f"internal error: {exc}", status=500, type="server_error"))
+
+    handlers: dict[Any, Callable[..., Any]] = {404: not_found, 405: not_allowed, 500: internal}
+    app = Starlette(
+        routes=[
+            Route("/v1/completions", server.completions, methods=["POST"]),
+            Route("/v1/chat/completions", server.chat_completions, methods=["POST"]),
+            Route("/v1/models", server.models, methods=["GET"]),
+            Route("/health", server.health, methods=["GET"]),
+            Route("/metrics", server.metrics, methods=["GET"]),
+        ],
+        exception_handlers=handlers,
+        lifespan=lifespan,
+    )
+    app.state.server = server
+    return app
+
+
+__all__ = ["build_app", "OpenAIServer", "EventStreamResponse"]

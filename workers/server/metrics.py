@@ -1,0 +1,346 @@
+"""The worker's ``/metrics``: DESIGN.md's vocabulary, fed by engine records.
+
+One exporter serves both engines with identical names. It observes the engine
+through ``EngineObserver`` (``on_step``, ``on_request_finished``) and reads
+``engine.load()`` at scrape time, so gauges are current even when no step has
+run since an abort freed blocks.
+
+* ``chunkpilot:*`` — always computed here, from the records.
+* ``vllm:*`` — for an engine with its own Prometheus metrics (the vLLM backend
+  exposes ``prometheus_collector()``), vLLM's own families are served as they
+  are; for any other engine (the reference engine) they are computed here
+  from the records, with vLLM 0.32's names, labels (``model_name``,
+  ``engine``) and bucket boundaries, so one dashboard and one rule file read
+  both.
+
+Counters live in the exporter, not the engine, so they survive a profile
+switch (which rebuilds the engine). vLLM's own counters restart with a new
+engine, as a restarted vLLM server's would; ``rate()`` treats that as a reset.
+
+Time-weighted figures are sample-and-hold: a step's fragmentation and memory
+hold until the next step, and the ``*_seconds_total`` counters integrate them
+up to the moment of the scrape.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from workers.engine_api import EngineLoad, RequestMetrics, StepMetrics
+from workers.profile import EngineProfile
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+LABELS = ["model_name", "engine"]
+RECENT_PEAK_WINDOW_SECONDS = 15.0
+
+# vLLM 0.32's bucket boundaries (vllm/v1/metrics/buckets.py), so histograms of
+# both engines aggregate bucket by bucket.
+REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+                           120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+TIME_TO_FIRST_TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                               7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+INTER_TOKEN_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+                               7.5, 10.0, 20.0, 40.0, 80.0)
+ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+# Chunkpilot's own: stalls reach seconds under monolithic prefill; chunk waits
+# start well below a step.
+MAX_GAP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0,
+                   5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+CHUNK_WAIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                      20.0, 40.0, 80.0)
+
+
+def request_token_buckets(max_model_len: int) -> list[float]:
+    """vLLM's 1-2-5 series up to the model's length (``request_tokens``)."""
+    out: list[float] = []
+    exponent = 0
+    while True:
+        for mantissa in (1, 2, 5):
+            value = mantissa * 10**exponent
+            if value > max_model_len:
+                return out
+            out.append(value)
+        exponent += 1
+
+
+def max_gap_seconds(token_times: list[float]) -> float | None:
+    """A request's largest gap between two consecutive tokens (its stall)."""
+    if len(token_times) < 2:
+        return None
+    return max(b - a for a, b in zip(token_times, token_times[1:], strict=False))
+
+
+class _FamilyFilter:
+    """The families of another registry whose names start with a prefix."""
+
+    def __init__(self, source: Any, prefix: str):
+        self.source, self.prefix = source, prefix
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.source.collect():
+            if family.name.startswith(self.prefix):
+                yield family
+
+
+class _Concat:
+    def __init__(self, *sources: Any):
+        self.sources = sources
+
+    def collect(self) -> Iterator[Metric]:
+        for source in self.sources:
+            yield from source.collect()
+
+
+class MetricsExporter:
+    def __init__(self, *, model_name: str, max_model_len: int, clock: Callable[[], float] = time.monotonic):
+        self.model_name = model_name
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._labels = (model_name, "0")
+        self._load: Callable[[], EngineLoad] | None = None
+        self._native: Any = None  # the engine's own vllm:* registry, when it has one
+
+        # ---- chunkpilot:* -----------------------------------------------
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.max_gap = Histogram(
+            "chunkpilot:request_max_gap_seconds",
+            "Per finished request, its largest gap between two tokens (stalls).",
+            LABELS, buckets=MAX_GAP_BUCKETS, registry=r,
+        ).labels(*self._labels)
+        self.chunk_wait = Histogram(
+            "chunkpilot:prefill_chunk_wait_seconds",
+            "Per prefill chunk, how long its request waited, schedulable, before it ran.",
+            LABELS, buckets=CHUNK_WAIT_BUCKETS, registry=r,
+        ).labels(*self._labels)
+        self.step_tokens = Counter(
+            "chunkpilot:step_tokens", "Tokens run by engine steps, by kind.", [*LABELS, "kind"], registry=r
+        )
+        self.steps = Counter("chunkpilot:steps", "Engine steps.", LABELS, registry=r).labels(*self._labels)
+        self.profile_info = Gauge(
+            "chunkpilot:profile_info",
+            "The engine profile running now (value 1).",
+            [*LABELS, "engine_kind", "profile", "revision", "prefill_mode", "budget", "chunk_cap"],
+            registry=r,
+        )
+        r.register(_HeldFigures(self))
+
+        # ---- vllm:* computed from records (engines without their own) -----
+        self.vllm_registry = CollectorRegistry(auto_describe=True)
+        v = self.vllm_registry
+
+        def hist(name: str, doc: str, buckets: Iterable[float]) -> Any:
+            return Histogram(name, doc, LABELS, buckets=list(buckets), registry=v).labels(*self._labels)
+
+        def counter(name: str, doc: str) -> Any:
+            return Counter(name, doc, LABELS, registry=v).labels(*self._labels)
+
+        tokens = request_token_buckets(max_model_len)
+        self.v_ttft = hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TIME_TO_FIRST_TOKEN_BUCKETS)
+        self.v_itl = hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", INTER_TOKEN_LATENCY_BUCKETS)
+        self.v_tpot = hist("vllm:request_time_per_output_token_seconds", "Histogram of time_per_output_token_seconds per request.", INTER_TOKEN_LATENCY_BUCKETS)
+        self.v_e2e = hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", REQUEST_LATENCY_BUCKETS)
+        self.v_queue = hist("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", REQUEST_LATENCY_BUCKETS)
+        self.v_inference = hist("vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.", REQUEST_LATENCY_BUCKETS)
+        self.v_prefill = hist("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", REQUEST_LATENCY_BUCKETS)
+        self.v_decode = hist("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", REQUEST_LATENCY_BUCKETS)
+        self.v_prompt_hist = hist("vllm:request_prompt_tokens", "Number of prefill tokens processed.", tokens)
+        self.v_gen_hist = hist("vllm:request_generation_tokens", "Number of generation tokens processed.", tokens)
+        self.v_iteration = hist("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", ITERATION_TOKENS_BUCKETS)
+        self.v_prompt = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.v_generation = counter("vllm:generation_tokens", "Number of generation tokens processed.")
+        self.v_preemptions = counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
+        self.v_cache_queries = counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.")
+        self.v_cache_hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
+        self.v_success = Counter(
+            "vllm:request_success", "Count of successfully processed requests.", [*LABELS, "finished_reason"], registry=v
+        )
+        v.register(_LoadGauges(self))
+
+        # ---- sample-and-hold state (guarded by _lock) -----------------------
+        self._held_since: float | None = None
+        self._fragmentation = 0.0
+        self._fragmentation_seconds = 0.0
+        self._memory_bytes = 0
+        self._memory_byte_seconds = 0.0
+        self._recent_peaks: deque[tuple[float, int]] = deque()
+
+    # ---- wiring --------------------------------------------------------------
+    def attach(self, engine: Any) -> None:
+        """Observe a (new) engine; called again after each profile switch."""
+        engine.add_observer(self)
+        self._load = engine.load
+        native = getattr(engine, "prometheus_collector", None)
+        self._native = _FamilyFilter(native(), "vllm:") if native is not None else None
+
+    def set_profile(self, profile: EngineProfile, *, engine_kind: str, name: str, revision: int | str) -> None:
+        self.profile_info.clear()
+        self.profile_info.labels(
+            *self._labels,
+            engine_kind,
+            name,
+            str(revision),
+            profile.prefill_mode,
+            str(profile.max_num_batched_tokens),
+            str(profile.chunk_cap),
+        ).set(1)
+
+    def render(self) -> bytes:
+        sources: list[Any] = [self.registry]
+        sources.append(self._native if self._native is not None else self.vllm_registry)
+        return generate_latest(_Concat(*sources))  # type: ignore[arg-type]
+
+    # ---- EngineObserver (engine thread) ---------------------------------------
+    def on_step(self, step: StepMetrics) -> None:
+        end = step.start_time + step.duration_seconds
+        fragmentation = step.kv_fragmentation or 0.0
+        with self._lock:
+            self._advance(end)
+            self._fragmentation = fragmentation
+            self._memory_bytes = step.memory_bytes
+            self._recent_peaks.append((end, max(step.peak_memory_bytes, step.memory_bytes)))
+            self._trim_peaks(end)
+        self.steps.inc()
+        self.step_tokens.labels(*self._labels, "prefill").inc(step.num_prefill_tokens)
+        self.step_tokens.labels(*self._labels, "decode").inc(step.num_decode_tokens)
+        for wait in step.prefill_chunk_waits:
+            self.chunk_wait.observe(wait)
+        if self._native is None:
+            self.v_iteration.observe(step.num_prefill_tokens + step.num_decode_tokens)
+            self.v_preemptions.inc(step.num_preemptions)
+            self.v_cache_queries.inc(step.prefix_cache_queries)
+            self.v_cache_hits.inc(step.prefix_cache_hits)
+
+    def on_request_finished(self, request_id: str, metrics: RequestMetrics, finish_reason: str) -> None:
+        gap = max_gap_seconds(metrics.token_times)
+        if gap is not None:
+            self.max_gap.observe(gap)
+        if self._native is not None:
+            return
+        m = metrics
+        self.v_success.labels(*self._labels, finish_reason).inc()
+        self.v_prompt.inc(m.num_prompt_tokens)
+        self.v_generation.inc(m.num_output_tokens)
+        self.v_prompt_hist.observe(m.num_prompt_tokens)
+        self.v_gen_hist.observe(m.num_output_tokens)
+        times = m.token_times
+        for a, b in zip(times, times[1:], strict=False):
+            self.v_itl.observe(b - a)
+        if m.first_token_time is not None:
+            self.v_ttft.observe(m.first_token_time - m.arrival_time)
+        if len(times) > 1:
+            self.v_tpot.observe((times[-1] - times[0]) / (len(times) - 1))
+            self.v_decode.observe(times[-1] - times[0])
+        if m.finished_time is not None:
+            self.v_e2e.observe(m.finished_time - m.arrival_time)
+        if m.first_scheduled_time is not None:
+            self.v_queue.observe(m.first_scheduled_time - m.arrival_time)
+            if m.first_token_time is not None:
+                self.v_prefill.observe(m.first_token_time - m.first_scheduled_time)
+            if m.finished_time is not None:
+                self.v_inference.observe(m.finished_time - m.first_scheduled_time)
+
+    # ---- sample-and-hold -------------------------------------------------------
+    def _advance(self, now: float) -> None:
+        if self._held_since is not None and now > self._held_since:
+            elapsed = now - self._held_since
+            self._fragmentation_seconds += self._fragmentation * elapsed
+            self._memory_byte_seconds += self._memory_bytes * elapsed
+        if self._held_since is None or now > self._held_since:
+            self._held_since = now
+
+    def _trim_peaks(self, now: float) -> None:
+        while self._recent_peaks and self._recent_peaks[0][0] < now - RECENT_PEAK_WINDOW_SECONDS:
+            self._recent_peaks.popleft()
+
+    def held_figures(self) -> dict[str, float]:
+        with self._lock:
+            now = self.clock()
+            self._advance(now)
+            self._trim_peaks(now)
+            recent_peak = max([self._memory_bytes, *(p for _, p in self._recent_peaks)])
+            return {
+                "fragmentation": self._fragmentation,
+                "fragmentation_seconds": self._fragmentation_seconds,
+                "memory_bytes": self._memory_bytes,
+                "memory_byte_seconds": self._memory_byte_seconds,
+                "memory_recent_peak_bytes": recent_peak,
+            }
+
+
+class _HeldFigures(Collector):
+    """The sample-and-hold ``chunkpilot:*`` gauges and their integrals."""
+
+    def __init__(self, exporter: MetricsExporter):
+        self.exporter = exporter
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        e = self.exporter
+        f = e.held_figures()
+        labels = list(e._labels)
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(name, doc, labels=LABELS)
+            g.add_metric(labels, value)
+            return g
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            c = CounterMetricFamily(name, doc, labels=LABELS)
+            c.add_metric(labels, value)
+            return c
+
+        yield gauge(
+            "chunkpilot:kv_fragmentation_ratio",
+            "Latest step's 1 - tokens stored / (blocks held x block_size).",
+            f["fragmentation"],
+        )
+        yield counter(
+            "chunkpilot:kv_fragmentation_ratio_seconds",
+            "The fragmentation ratio integrated over time (rate = time-weighted mean).",
+            f["fragmentation_seconds"],
+        )
+        yield gauge("chunkpilot:memory_bytes", "Engine memory in use now.", f["memory_bytes"])
+        yield gauge(
+            "chunkpilot:memory_recent_peak_bytes",
+            f"Highest engine memory in use over the last {RECENT_PEAK_WINDOW_SECONDS:.0f} s.",
+            f["memory_recent_peak_bytes"],
+        )
+        yield counter(
+            "chunkpilot:memory_byte_seconds",
+            "Engine memory in use integrated over time (rate = time-weighted mean).",
+            f["memory_byte_seconds"],
+        )
+
+
+class _LoadGauges(Collector):
+    """vLLM's scheduler gauges, read from the engine at scrape time."""
+
+    def __init__(self, exporter: MetricsExporter):
+        self.exporter = exporter
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        e = self.exporter
+        load = e._load() if e._load is not None else EngineLoad(0, 0, 0.0)
+        labels = list(e._labels)
+        for name, doc, value in (
+            ("vllm:num_requests_running", "Number of requests in model execution batches.", load.num_requests_running),
+            ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", load.num_requests_waiting),
+            ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", load.kv_cache_usage_perc),
+        ):
+            g = GaugeMetricFamily(name, doc, labels=LABELS)
+            g.add_metric(labels, value)
+            yield g

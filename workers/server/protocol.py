@@ -1,0 +1,326 @@
+"""OpenAI's request and response JSON, parsed and built without the engine.
+
+Requests become ``CompletionRequest`` (prompts + ``SamplingParams``) or raise
+``ApiError`` with OpenAI's error shape. Responses are plain dicts built the
+way OpenAI (and vLLM's server) shapes them; streaming chunks are SSE lines.
+Unknown request fields are ignored, as OpenAI-compatible servers do, so
+clients that send newer fields keep working.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from workers.engine_api import SamplingParams
+
+# vLLM's extensions to OpenAI's sampling fields, accepted by both engines.
+_EXTRA_INT_FIELDS = ("top_k",)
+
+
+class ApiError(Exception):
+    """An error reply in OpenAI's shape: {"error": {message, type, param, code}}."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int = 400,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def bad(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(message, param=param, code=code)
+
+
+@dataclass
+class CompletionRequest:
+    kind: str  # "completion" or "chat"
+    prompts: list[str | list[int]]
+    params: SamplingParams
+    max_tokens_given: bool
+    stream: bool = False
+    include_usage: bool = False
+    echo: bool = False
+    logprobs: bool = False
+    messages: list[dict[str, str]] = field(default_factory=list)
+    add_generation_prompt: bool = True
+
+
+def parse_json(raw: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise bad(f"the request body is not valid JSON: {exc}", code="invalid_json") from exc
+    if not isinstance(data, dict):
+        raise bad("the request body must be a JSON object.", code="invalid_json")
+    return data
+
+
+def check_model(data: dict[str, Any], served: tuple[str, ...]) -> None:
+    model = data.get("model")
+    if model is None:
+        return  # one model per worker: an omitted model means that one
+    if not isinstance(model, str) or model not in served:
+        raise bad(
+            f"The model `{model}` does not exist; this worker serves `{served[0]}`.",
+            param="model",
+            code="model_not_found",
+        )
+
+
+def _number(data: dict[str, Any], name: str, default: float, lo: float, hi: float, *, lo_open: bool = False) -> float:
+    value = data.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise bad(f"`{name}` must be a number.", param=name)
+    if value < lo or value > hi or (lo_open and value == lo):
+        bracket = "(" if lo_open else "["
+        raise bad(f"`{name}` must be in {bracket}{lo}, {hi}]; got {value}.", param=name)
+    return float(value)
+
+
+def _int(data: dict[str, Any], name: str, default: int | None, lo: int | None = None) -> int | None:
+    value = data.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad(f"`{name}` must be an integer.", param=name)
+    if lo is not None and value < lo:
+        raise bad(f"`{name}` must be at least {lo}; got {value}.", param=name)
+    return value
+
+
+def _bool(data: dict[str, Any], name: str, default: bool = False) -> bool:
+    value = data.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise bad(f"`{name}` must be true or false.", param=name)
+    return value
+
+
+def _sampling(data: dict[str, Any], max_tokens: int | None, logprobs: bool) -> SamplingParams:
+    stop = data.get("stop")
+    if stop is None:
+        stops: list[str] = []
+    elif isinstance(stop, str):
+        stops = [stop]
+    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        stops = [s for s in stop if s]
+    else:
+        raise bad("`stop` must be a string or a list of strings.", param="stop")
+    stop_token_ids = data.get("stop_token_ids") or []
+    if not isinstance(stop_token_ids, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) for t in stop_token_ids
+    ):
+        raise bad("`stop_token_ids` must be a list of integers.", param="stop_token_ids")
+    n = _int(data, "n", 1, lo=1)
+    if n != 1:
+        raise bad("only n=1 is supported.", param="n")
+    top_k = _int(data, "top_k", 0, lo=-1)
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=_number(data, "temperature", 1.0, 0.0, 2.0),
+        top_p=_number(data, "top_p", 1.0, 0.0, 1.0, lo_open=True),
+        top_k=top_k or 0,
+        seed=_int(data, "seed", None),
+        stop=stops,
+        stop_token_ids=list(stop_token_ids),
+        ignore_eos=_bool(data, "ignore_eos"),
+        logprobs=0 if logprobs else None,
+        include_stop_str_in_output=_bool(data, "include_stop_str_in_output"),
+    )
+
+
+def _stream_options(data: dict[str, Any], stream: bool) -> bool:
+    options = data.get("stream_options")
+    if options is None:
+        return False
+    if not stream:
+        raise bad("`stream_options` is only allowed when `stream` is true.", param="stream_options")
+    if not isinstance(options, dict):
+        raise bad("`stream_options` must be an object.", param="stream_options")
+    value = options.get("include_usage", False)
+    if not isinstance(value, bool):
+        raise bad("`stream_options.include_usage` must be true or false.", param="stream_options")
+    return value
+
+
+def parse_completion(data: dict[str, Any]) -> CompletionRequest:
+    """POST /v1/completions."""
+    if "prompt" not in data:
+        raise bad("`prompt` is required.", param="prompt")
+    prompt = data["prompt"]
+    prompts: list[str | list[int]]
+    if isinstance(prompt, str):
+        prompts = [prompt]
+    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        prompts = [list(prompt)]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        prompts = list(prompt)
+    elif (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p) for p in prompt)
+    ):
+        prompts = [list(p) for p in prompt]
+    else:
+        raise bad(
+            "`prompt` must be a string, a list of strings, a list of token ids or a list of token-id lists.",
+            param="prompt",
+        )
+    if any(p == "" for p in prompts):
+        raise bad("`prompt` must not be empty.", param="prompt")
+    stream = _bool(data, "stream")
+    max_tokens = _int(data, "max_tokens", None, lo=1)
+    logprobs = _int(data, "logprobs", None, lo=0)
+    if logprobs is not None and logprobs > 1:
+        raise bad("only the chosen token's logprob is available: `logprobs` may be 0 or 1.", param="logprobs")
+    return CompletionRequest(
+        kind="completion",
+        prompts=prompts,
+        params=_sampling(data, 16 if max_tokens is None else max_tokens, logprobs is not None),
+        max_tokens_given=True,  # OpenAI's default for completions is 16
+        stream=stream,
+        include_usage=_stream_options(data, stream),
+        echo=_bool(data, "echo"),
+        logprobs=logprobs is not None,
+    )
+
+
+def _message_text(message: Any, index: int) -> dict[str, str]:
+    param = f"messages[{index}]"
+    if not isinstance(message, dict):
+        raise bad(f"`{param}` must be an object with `role` and `content`.", param=param)
+    role = message.get("role")
+    if not isinstance(role, str) or not role:
+        raise bad(f"`{param}.role` is required.", param=f"{param}.role")
+    content = message.get("content")
+    if content is None:
+        text = ""
+    elif isinstance(content, str):
+        text = content
+    elif isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise bad(f"`{param}.content` parts must be text parts.", param=f"{param}.content")
+            parts.append(part["text"])
+        text = "\n".join(parts)
+    else:
+        raise bad(f"`{param}.content` must be a string or a list of text parts.", param=f"{param}.content")
+    return {"role": role, "content": text}
+
+
+def parse_chat(data: dict[str, Any]) -> CompletionRequest:
+    """POST /v1/chat/completions."""
+    messages = data.get("messages")
+    if messages is None:
+        raise bad("`messages` is required.", param="messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad("`messages` must be a non-empty list.", param="messages")
+    parsed = [_message_text(m, i) for i, m in enumerate(messages)]
+    stream = _bool(data, "stream")
+    max_tokens = _int(data, "max_completion_tokens", None, lo=1)
+    if max_tokens is None:
+        max_tokens = _int(data, "max_tokens", None, lo=1)
+    logprobs = _bool(data, "logprobs")
+    top_logprobs = _int(data, "top_logprobs", None, lo=0)
+    if top_logprobs:
+        raise bad("only the chosen token's logprob is available: `top_logprobs` must be 0.", param="top_logprobs")
+    return CompletionRequest(
+        kind="chat",
+        prompts=[],
+        params=_sampling(data, max_tokens, logprobs),
+        max_tokens_given=max_tokens is not None,
+        stream=stream,
+        include_usage=_stream_options(data, stream),
+        logprobs=logprobs,
+        messages=parsed,
+        add_generation_prompt=_bool(data, "add_generation_prompt", True),
+    )
+
+
+def context_error(max_model_len: int, num_prompt_tokens: int, max_tokens: int | None, kind: str) -> ApiError | None:
+    """vLLM's message for a request that does not fit the context."""
+    where = "messages" if kind == "chat" else "prompt"
+    if num_prompt_tokens >= max_model_len:
+        return bad(
+            f"This model's maximum context length is {max_model_len} tokens. However, your {where} has "
+            f"{num_prompt_tokens} tokens, leaving no room for a completion. Please reduce the length of the {where}.",
+            param=where,
+            code="context_length_exceeded",
+        )
+    if max_tokens is not None and num_prompt_tokens + max_tokens > max_model_len:
+        return bad(
+            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+            f"{num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in the {where}, {max_tokens} in the "
+            "completion). Please reduce the length of the messages or completion.",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
+    return None
+
+
+# ---- responses -------------------------------------------------------------
+
+
+def usage(num_prompt_tokens: int, num_completion_tokens: int, num_cached_tokens: int = 0) -> dict[str, Any]:
+    return {
+        "prompt_tokens": num_prompt_tokens,
+        "completion_tokens": num_completion_tokens,
+        "total_tokens": num_prompt_tokens + num_completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": num_cached_tokens},
+    }
+
+
+def completion_logprobs(tokens: list[str], logprobs: list[float], offset: int) -> dict[str, Any]:
+    offsets = []
+    position = offset
+    for token in tokens:
+        offsets.append(position)
+        position += len(token)
+    return {
+        "tokens": tokens,
+        "token_logprobs": logprobs,
+        "top_logprobs": [{t: lp} for t, lp in zip(tokens, logprobs, strict=False)],
+        "text_offset": offsets,
+    }
+
+
+def chat_logprobs(tokens: list[str], logprobs: list[float]) -> dict[str, Any]:
+    return {
+        "content": [
+            {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+            for t, lp in zip(tokens, logprobs, strict=False)
+        ]
+    }
+
+
+def now_seconds() -> int:
+    return int(time.time())
+
+
+def sse(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+
+
+SSE_DONE = b"data: [DONE]\n\n"
