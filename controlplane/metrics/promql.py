@@ -1,0 +1,221 @@
+"""PromQL's windowed arithmetic, pure and free of Django.
+
+The control plane computes its figures from scraped cumulative counters and
+histogram buckets with the same arithmetic Prometheus uses, so a figure on a
+Chunkpilot dashboard and the same figure in the shipped Grafana dashboard
+agree. Read against Prometheus 3.x (``promql/functions.go``
+``extrapolatedRate``, ``promql/quantile.go`` ``BucketQuantile``):
+
+* A range ``(start, end]`` is left-open: a sample exactly at ``start`` is out.
+* ``increase``/``rate`` need two samples; fewer is *no data* (None), never 0.
+  Counter resets (a value below its predecessor) add the value before the
+  reset. The result is extrapolated to the range's edges when the first/last
+  sample lies within 1.1 average sample intervals of them, else by half an
+  interval; never back past the counter's extrapolated zero point.
+* ``histogram_quantile`` sorts and merges buckets by upper bound, needs a
+  ``+Inf`` bucket and at least two buckets, forces the cumulative counts to be
+  monotonic (ignoring relative deltas below 1e-12), answers the upper bound of
+  the second-highest bucket when the rank lands in ``+Inf``, and interpolates
+  linearly from 0 in the lowest bucket. Zero observations is no data.
+
+The storage layer keeps counters reset-corrected ("totals") so that a window
+needs only its first and last sample; ``CounterWindow`` is that summary, and
+``extrapolated_increase`` works on it (vectorised over many series at once).
+``summarize`` builds it from plain raw samples, which the table tests use.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+Floats = NDArray[np.float64]
+
+# Relative differences between neighbouring buckets below this are float noise
+# (Prometheus's smallDeltaTolerance).
+SMALL_DELTA_TOLERANCE = 1e-12
+_MIN_NORMAL = 2.2250738585072014e-308
+
+
+@dataclass(frozen=True)
+class CounterWindow:
+    """What ``increase`` needs from one series' samples inside a range.
+
+    ``first_values`` and ``increases`` may be arrays: many series sampled at
+    the same times (one worker's scrape) share ``first_t``/``last_t``/
+    ``num_samples`` and are extrapolated together.
+    """
+
+    first_t: float
+    last_t: float
+    num_samples: int
+    first_values: Floats | float  # the raw value of the first sample (zero-point check)
+    increases: Floats | float  # last - first, plus every value seen just before a reset
+
+
+def select_range(samples: Sequence[tuple[float, float]], start: float, end: float) -> list[tuple[float, float]]:
+    """The samples with ``start < t <= end`` (samples sorted by time)."""
+    times = [t for t, _ in samples]
+    return list(samples[bisect_right(times, start) : bisect_right(times, end)])
+
+
+def summarize(samples: Sequence[tuple[float, float]], *, is_counter: bool = True) -> CounterWindow | None:
+    """Reduce a range's raw samples to a ``CounterWindow``; None below two samples."""
+    if len(samples) < 2:
+        return None
+    increase = samples[-1][1] - samples[0][1]
+    if is_counter:
+        for (_, prev), (_, curr) in zip(samples, samples[1:], strict=False):
+            if curr < prev:
+                increase += prev
+    return CounterWindow(samples[0][0], samples[-1][0], len(samples), samples[0][1], increase)
+
+
+def extrapolated_increase(
+    window: CounterWindow, range_start: float, range_end: float, *, is_counter: bool = True
+) -> Floats | float:
+    """Prometheus's ``increase()`` (``delta()`` when not a counter) for a
+    window summary; element-wise when the window holds arrays."""
+    sampled = window.last_t - window.first_t
+    increases = np.asarray(window.increases, dtype=np.float64)
+    first_values = np.asarray(window.first_values, dtype=np.float64)
+    if window.num_samples < 2 or sampled <= 0:
+        raise ValueError("a window needs two samples at different times")
+    average_interval = sampled / (window.num_samples - 1)
+    threshold = average_interval * 1.1
+
+    to_start = window.first_t - range_start
+    if to_start >= threshold:
+        to_start = average_interval / 2
+    to_end = range_end - window.last_t
+    if to_end >= threshold:
+        to_end = average_interval / 2
+
+    to_start_each = np.full_like(increases, to_start)
+    if is_counter:
+        # Counters cannot go below zero: do not extrapolate back past the
+        # point where the line through the samples would cross zero.
+        with np.errstate(divide="ignore", invalid="ignore"):
+            to_zero = np.where(
+                (increases > 0) & (first_values >= 0), sampled * (first_values / increases), to_start
+            )
+        to_start_each = np.minimum(to_start_each, to_zero)
+    result = increases * ((sampled + to_start_each + to_end) / sampled)
+    return float(result) if result.ndim == 0 else result
+
+
+def increase(
+    samples: Sequence[tuple[float, float]], range_start: float, range_end: float, *, is_counter: bool = True
+) -> float | None:
+    """``increase(series[range_end - range_start])`` evaluated at ``range_end``."""
+    window = summarize(select_range(samples, range_start, range_end), is_counter=is_counter)
+    if window is None:
+        return None
+    return float(extrapolated_increase(window, range_start, range_end, is_counter=is_counter))
+
+
+def rate(samples: Sequence[tuple[float, float]], range_start: float, range_end: float) -> float | None:
+    """``rate(series[...])``: the increase per second of the range."""
+    value = increase(samples, range_start, range_end)
+    return None if value is None else value / (range_end - range_start)
+
+
+def max_over_time(samples: Sequence[tuple[float, float]], range_start: float, range_end: float) -> float | None:
+    values = [v for _, v in select_range(samples, range_start, range_end)]
+    return max(values) if values else None
+
+
+def _almost_equal(a: float, b: float, epsilon: float) -> bool:
+    if a == b:
+        return True
+    abs_sum = abs(a) + abs(b)
+    diff = abs(a - b)
+    if a == 0 or b == 0 or abs_sum < _MIN_NORMAL:
+        return diff < epsilon * _MIN_NORMAL
+    return diff / min(abs_sum, np.finfo(np.float64).max) < epsilon
+
+
+def histogram_quantile(q: float, buckets: Iterable[tuple[float, float]]) -> float | None:
+    """``histogram_quantile(q, ...)`` over (upper bound, cumulative count)
+    pairs of one classic histogram; None where Prometheus answers NaN."""
+    if math.isnan(q):
+        return None
+    if q < 0:
+        return -math.inf
+    if q > 1:
+        return math.inf
+    ordered = sorted(buckets, key=lambda b: b[0])
+    if not ordered or not math.isinf(ordered[-1][0]) or ordered[-1][0] < 0:
+        return None
+
+    # Merge buckets that share an upper bound (series that differ only in
+    # labels Prometheus aggregated away arrive this way).
+    merged: list[list[float]] = []
+    for bound, count in ordered:
+        if merged and merged[-1][0] == bound:
+            merged[-1][1] += count
+        else:
+            merged.append([bound, count])
+
+    # The envelope: no bucket may hold fewer than the one below it.
+    prev = merged[0][1]
+    for bucket in merged[1:]:
+        curr = bucket[1]
+        if curr == prev:
+            continue
+        if _almost_equal(prev, curr, SMALL_DELTA_TOLERANCE) or curr < prev:
+            bucket[1] = prev
+            continue
+        prev = curr
+
+    if len(merged) < 2:
+        return None
+    observations = merged[-1][1]
+    if observations == 0 or math.isnan(observations):
+        return None
+    rank = q * observations
+    counts = [count for _, count in merged[:-1]]
+    b = bisect_left(counts, rank)  # first bucket whose count reaches the rank
+    if b == len(merged) - 1:
+        return merged[-2][0]
+    if b == 0 and merged[0][0] <= 0:
+        return merged[0][0]
+    bucket_start = 0.0
+    bucket_end, count = merged[b]
+    if b > 0:
+        bucket_start = merged[b - 1][0]
+        count -= merged[b - 1][1]
+        rank -= merged[b - 1][1]
+    if count == 0:
+        return None  # 0/0: Prometheus answers NaN (q = 0 over an empty lowest bucket)
+    return bucket_start + (bucket_end - bucket_start) * (rank / count)
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    """numerator / denominator, no data when either is missing or the
+    denominator is zero (PromQL answers NaN or Inf there; a dashboard shows a gap)."""
+    if numerator is None or denominator is None or denominator == 0:
+        return None
+    return numerator / denominator
+
+
+def quantile(q: float, values: Sequence[float]) -> float | None:
+    """PromQL's ``quantile``/``quantile_over_time`` over exact values: linear
+    between the closest ranks, rank ``q * (n - 1)``. No values, no data."""
+    if not len(values) or math.isnan(q):
+        return None
+    if q < 0:
+        return -math.inf
+    if q > 1:
+        return math.inf
+    ordered = sorted(values)
+    rank = q * (len(ordered) - 1)
+    lower = max(0, math.floor(rank))
+    upper = min(len(ordered) - 1, lower + 1)
+    weight = rank - math.floor(rank)
+    return float(ordered[lower] * (1 - weight) + ordered[upper] * weight)
