@@ -37,3 +37,20 @@ def role_of(user: AbstractBaseUser | AnonymousUser | None) -> Role:
         if role.group_name in names:
             return role
     return Role.NONE
+
+
+def grant_role(user: AbstractBaseUser, role: Role) -> None:
+    """Make ``role`` the user's one role (the groups are made by a migration)."""
+    from django.contrib.auth.models import Group
+
+    groups = user.groups  # type: ignore[attr-defined]
+    groups.remove(*Group.objects.filter(name__in=[r.group_name for r in ROLE_GROUPS]))
+    if role != Role.NONE:
+        groups.add(Group.objects.get_or_create(name=role.group_name)[0])
+
+
+def parse_role(name: str) -> Role:
+    try:
+        return Role[name.upper()]
+    except KeyError:
+        raise ValueError(f"unknown role {name!r}; one of {', '.join(r.group_name for r in ROLE_GROUPS)}") from None

@@ -1,3 +1,5 @@
-from django.urls import URLPattern, URLResolver
+from django.urls import URLPattern, URLResolver, path
 
-urlpatterns: list[URLPattern | URLResolver] = []
+from controlplane.accounts.api import MeView
+
+urlpatterns: list[URLPattern | URLResolver] = [path("me/", MeView.as_view(), name="me")]

@@ -1,3 +1,7 @@
-from django.urls import URLPattern, URLResolver
+from rest_framework.routers import SimpleRouter
 
-urlpatterns: list[URLPattern | URLResolver] = []
+from controlplane.audit.api import AuditEventViewSet
+
+router = SimpleRouter()
+router.register("audit", AuditEventViewSet, basename="audit")
+urlpatterns = router.urls

@@ -1,3 +1,22 @@
-from django.urls import URLPattern, URLResolver
+from django.urls import path
+from rest_framework.routers import SimpleRouter
 
-urlpatterns: list[URLPattern | URLResolver] = []
+from controlplane.fleet.api import (
+    AgentHeartbeatView,
+    AgentRegisterView,
+    EnrollmentTokenViewSet,
+    PoolViewSet,
+    WorkerViewSet,
+)
+
+router = SimpleRouter()
+router.register("pools", PoolViewSet, basename="pool")
+router.register("workers", WorkerViewSet, basename="worker")
+router.register("enrollment-tokens", EnrollmentTokenViewSet, basename="enrollment-token")
+
+# The paths the agent contract names (workers/contract.py).
+urlpatterns = [
+    path("agent/register/", AgentRegisterView.as_view(), name="agent-register"),
+    path("agent/heartbeat/", AgentHeartbeatView.as_view(), name="agent-heartbeat"),
+    *router.urls,
+]

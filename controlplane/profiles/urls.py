@@ -1,3 +1,8 @@
-from django.urls import URLPattern, URLResolver
+from rest_framework.routers import SimpleRouter
 
-urlpatterns: list[URLPattern | URLResolver] = []
+from controlplane.profiles.api import ProfileRevisionViewSet, ProfileViewSet
+
+router = SimpleRouter()
+router.register("profiles", ProfileViewSet, basename="profile")
+router.register("profile-revisions", ProfileRevisionViewSet, basename="profile-revision")
+urlpatterns = router.urls
