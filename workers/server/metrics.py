@@ -30,12 +30,23 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from workers.engine_api import EngineLoad, RequestMetrics, StepMetrics
 from workers.profile import EngineProfile
+
+# ``*_created`` series double the count of series and nothing reads them; the
+# switch is process-wide, so vLLM's own metrics lose them too (as its server does).
+disable_created_metrics()
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 LABELS = ["model_name", "engine"]

@@ -1,0 +1,93 @@
+"""OpenAI request parsing: every bad request names its parameter, in OpenAI's shape."""
+
+import pytest
+
+from workers.server import protocol as p
+
+
+def error_of(fn, *args):
+    with pytest.raises(p.ApiError) as info:
+        fn(*args)
+    return info.value
+
+
+def test_malformed_json_is_a_400_in_openai_shape():
+    err = error_of(p.parse_json, b'{"prompt": ')
+    assert err.status == 400
+    assert set(err.body()["error"]) == {"message", "type", "param", "code"}
+    assert err.body()["error"]["type"] == "invalid_request_error"
+
+
+def test_a_json_array_body_is_refused():
+    assert error_of(p.parse_json, b"[1, 2]").status == 400
+
+
+def test_missing_messages_names_the_parameter():
+    err = error_of(p.parse_chat, {"model": "m"})
+    assert (err.status, err.param) == (400, "messages")
+
+
+@pytest.mark.parametrize("messages", [[], "hello", [{"content": "no role"}], [{"role": "user", "content": 3}]])
+def test_malformed_messages_are_refused(messages):
+    assert error_of(p.parse_chat, {"messages": messages}).status == 400
+
+
+def test_unknown_model_is_refused_and_an_omitted_one_means_the_served_one():
+    err = error_of(p.check_model, {"model": "gpt-9"}, ("tiny-model", "/models/tiny"))
+    assert (err.status, err.param, err.code) == (400, "model", "model_not_found")
+    p.check_model({}, ("tiny-model",))
+    p.check_model({"model": "/models/tiny"}, ("tiny-model", "/models/tiny"))
+
+
+def test_max_tokens_beyond_the_context_names_max_tokens():
+    err = p.context_error(max_model_len=128, num_prompt_tokens=100, max_tokens=50, kind="completion")
+    assert err is not None and err.param == "max_tokens" and "128" in err.message
+    assert p.context_error(128, 100, 28, "completion") is None
+    assert p.context_error(128, 128, None, "chat").param == "messages"
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
+        ({"prompt": "x", "temperature": -1}, "temperature"),
+        ({"prompt": "x", "top_p": 0}, "top_p"),
+        ({"prompt": "x", "n": 2}, "n"),
+        ({"prompt": "x", "stop": 5}, "stop"),
+        ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
+        ({"prompt": ""}, "prompt"),
+        ({"prompt": [1, "a"]}, "prompt"),
+        ({}, "prompt"),
+    ],
+)
+def test_bad_completion_fields_name_their_parameter(body, param):
+    assert error_of(p.parse_completion, body).param == param
+
+
+def test_prompts_may_be_text_token_ids_or_batches_of_either():
+    assert p.parse_completion({"prompt": "hi"}).prompts == ["hi"]
+    assert p.parse_completion({"prompt": [1, 2, 3]}).prompts == [[1, 2, 3]]
+    assert p.parse_completion({"prompt": ["a", "b"]}).prompts == ["a", "b"]
+    assert p.parse_completion({"prompt": [[1], [2, 3]]}).prompts == [[1], [2, 3]]
+
+
+def test_completion_defaults_follow_openai_and_chat_runs_to_the_context():
+    assert p.parse_completion({"prompt": "x"}).params.max_tokens == 16
+    chat = p.parse_chat({"messages": [{"role": "user", "content": "x"}]})
+    assert chat.params.max_tokens is None
+    assert p.parse_chat({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 7}).params.max_tokens == 7
+
+
+def test_stream_options_include_usage_is_read_only_when_streaming():
+    req = p.parse_completion({"prompt": "x", "stream": True, "stream_options": {"include_usage": True}})
+    assert req.stream and req.include_usage
+
+
+def test_text_parts_of_a_message_are_joined():
+    chat = p.parse_chat({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]})
+    assert chat.messages == [{"role": "user", "content": "a\nb"}]
+
+
+def test_vllm_sampling_extensions_are_accepted():
+    params = p.parse_completion({"prompt": "x", "top_k": 5, "ignore_eos": True, "stop_token_ids": [7], "seed": 3}).params
+    assert (params.top_k, params.ignore_eos, params.stop_token_ids, params.seed) == (5, True, [7], 3)
