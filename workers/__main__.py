@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("workers.bench", "benchmark prefill modes on a seeded long-tailed workload"),
     "serve": ("workers.server.cli", "serve the OpenAI API from one engine, with the agent"),
     "loadgen": ("workers.loadgen", "drive an OpenAI endpoint with streaming traffic"),
+    "bench-serve": ("workers.bench_serve", "benchmark HTTP against in-process streaming, and vLLM against reference"),
 }
 
 

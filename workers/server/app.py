@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -375,6 +376,13 @@ class OpenAIServer:
         if req.include_usage:
             base["usage"] = None
         offsets = {r.index: 0 for r in runs}
+        envelope = json.dumps({**base, "choices": None}, separators=(",", ":"), ensure_ascii=False)
+        envelope_head, _, envelope_tail = envelope.partition('"choices":null')
+        text_key = '"delta":{"content":' if chat else '"text":'
+        fast_head = {
+            r.index: f'data: {envelope_head}"choices":[{{"index":{r.index},{text_key}'.encode() for r in runs
+        }
+        fast_tail = ('}' if chat else '') .encode() + f',"logprobs":null,"finish_reason":null}}]{envelope_tail}\n\n'.encode()
         try:
             if chat:
                 yield p.sse(
@@ -395,6 +403,11 @@ class OpenAIServer:
                     continue  # tokens that do not yet decode to text (a split character)
                 lp = self._logprobs(engine, req, out, offsets[run.index])
                 offsets[run.index] += len(completion.text)
+                if not out.finished and lp is None:
+                    # The hot path, once per token or so: a prebuilt frame
+                    # around the JSON-escaped text, no dict to build or encode.
+                    yield fast_head[run.index] + json.dumps(completion.text, ensure_ascii=False).encode() + fast_tail
+                    continue
                 if chat:
                     choice: dict[str, Any] = {
                         "index": run.index,

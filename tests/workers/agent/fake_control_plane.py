@@ -18,7 +18,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from workers.contract import HEARTBEAT_PATH, REGISTER_PATH, ContractError, parse_heartbeat, parse_register
+from workers.contract import (
+    HEARTBEAT_PATH,
+    REGISTER_PATH,
+    ContractError,
+    parse_heartbeat,
+    parse_register,
+)
 
 
 @dataclass
