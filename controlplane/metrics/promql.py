@@ -219,3 +219,81 @@ def quantile(q: float, values: Sequence[float]) -> float | None:
     upper = min(len(ordered) - 1, lower + 1)
     weight = rank - math.floor(rank)
     return float(ordered[lower] * (1 - weight) + ordered[upper] * weight)
+
+
+@dataclass(frozen=True)
+class Windows:
+    """Increases of many series over many ranges that end at ``points``.
+
+    ``increases[j]`` is NaN in every column where range ``j`` held fewer than
+    two samples (no data)."""
+
+    points: Floats  # range ends, seconds
+    range_seconds: float
+    increases: Floats  # [num_points, num_series]
+    first_index: NDArray[np.intp]  # per point: the first sample inside, or -1
+    last_index: NDArray[np.intp]  # per point: the last sample inside, or -1
+
+
+def range_windows(
+    times: Floats,
+    totals: Floats,
+    raw_offsets: Floats | None,
+    points: Floats,
+    range_seconds: float,
+) -> Windows:
+    """``increase(x[range])`` at each of ``points`` for every column of
+    ``totals`` (one row per sample, sorted by ``times``, counters already
+    reset-corrected: see ``catalogue.fold``). ``raw_offsets`` (same shape, or
+    None for none) turns a total back into the raw value for the zero-point
+    check."""
+    times = np.asarray(times, dtype=np.float64)
+    points = np.asarray(points, dtype=np.float64)
+    num_series = totals.shape[1] if totals.ndim == 2 else 0
+    first = np.searchsorted(times, points - range_seconds, side="right")
+    last = np.searchsorted(times, points, side="right") - 1
+    num_samples = last - first + 1
+    ok = num_samples >= 2
+    increases = np.full((len(points), num_series), np.nan)
+    first_index = np.where(num_samples >= 1, first, -1)
+    last_index = np.where(num_samples >= 1, last, -1)
+    if ok.any():
+        i0, i1 = first[ok], last[ok]
+        first_values = totals[i0] - (raw_offsets[i0] if raw_offsets is not None else 0.0)
+        increases[ok] = _extrapolate(
+            times[i0], times[i1], num_samples[ok], first_values, totals[i1] - totals[i0],
+            points[ok] - range_seconds, points[ok],
+        )
+    return Windows(points, range_seconds, increases, first_index, last_index)
+
+
+def _extrapolate(
+    first_t: Floats, last_t: Floats, num_samples: NDArray[np.intp], first_values: Floats, increases: Floats,
+    range_start: Floats, range_end: Floats,
+) -> Floats:
+    """``extrapolated_increase`` for counters, one row per range."""
+    sampled = (last_t - first_t)[:, None]
+    average_interval = sampled / (num_samples[:, None] - 1)
+    threshold = average_interval * 1.1
+    to_start = (first_t - range_start)[:, None]
+    to_start = np.where(to_start >= threshold, average_interval / 2, to_start)
+    to_end = (range_end - last_t)[:, None]
+    to_end = np.where(to_end >= threshold, average_interval / 2, to_end)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        to_zero = np.where((increases > 0) & (first_values >= 0), sampled * (first_values / increases), to_start)
+        to_start = np.minimum(to_start, to_zero)
+        return increases * ((sampled + to_start + to_end) / sampled)
+
+
+def max_in_windows(values: Floats, windows: Windows) -> Floats:
+    """Per range, the max of ``values`` (one per sample) over the samples
+    inside it, NaN where none (or all NaN)."""
+    out = np.full(len(windows.points), np.nan)
+    has = windows.first_index >= 0
+    if has.any() and len(values):
+        padded = np.append(np.asarray(values, dtype=np.float64), np.nan)
+        bounds = np.empty(2 * int(has.sum()), dtype=np.intp)
+        bounds[0::2] = windows.first_index[has]
+        bounds[1::2] = windows.last_index[has] + 1
+        out[has] = np.fmax.reduceat(padded, bounds)[0::2]
+    return out

@@ -171,3 +171,33 @@ def test_ratio_without_a_denominator_is_no_data() -> None:
     assert promql.ratio(1.0, 0.0) is None
     assert promql.ratio(None, 2.0) is None
     assert promql.ratio(1.0, 4.0) == 0.25
+
+
+def test_range_windows_agree_with_increase_at_every_point_including_resets_and_gaps() -> None:
+    # One counter scraped every 5 s with a reset at t=40 and a missed scrape
+    # at t=65; ranges of 20 s evaluated every 10 s.
+    samples = [(t, v) for t, v in series(5, 5, [3, 8, 14, 20, 27, 30, 31, 2, 9, 15, 22, 30, 41, 45])
+               if t != 65]
+    times = np.array([t for t, _ in samples])
+    raw = np.array([v for _, v in samples])
+    folded = [0.0]
+    for prev, curr in zip(raw, raw[1:], strict=False):
+        folded.append(folded[-1] + (prev if curr < prev else 0.0))
+    totals = (raw + np.array(folded))[:, None]
+    points = np.arange(0.0, 91.0, 10.0)
+    windows = promql.range_windows(times, totals, np.array(folded)[:, None], points, 20.0)
+    for j, end in enumerate(points):
+        expected = promql.increase(samples, end - 20, end)
+        got = windows.increases[j, 0]
+        if expected is None:
+            assert math.isnan(got), end
+        else:
+            assert got == pytest.approx(expected), end
+
+
+def test_max_in_windows_skips_empty_ranges_and_nan_samples() -> None:
+    times = np.array([5.0, 10.0, 15.0, 40.0])
+    values = np.array([3.0, np.nan, 7.0, 1.0])
+    windows = promql.range_windows(times, np.zeros((4, 0)), None, np.array([10.0, 20.0, 30.0, 40.0]), 10.0)
+    got = promql.max_in_windows(values, windows)
+    assert got[0] == 3.0 and got[1] == 7.0 and math.isnan(got[2]) and got[3] == 1.0

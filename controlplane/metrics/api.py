@@ -1,0 +1,216 @@
+"""The metrics API: the figure registry, one-window queries, time series,
+the operator's objectives and each worker's scrape status.
+
+    GET /api/v1/metrics/figures
+    GET /api/v1/metrics/query?figure=ttft_p99&window=5m&group_by=cohort[&pool=..][&cohort=..][&worker=..]
+    GET /api/v1/metrics/query_range?figure=ttft_p99&window=5m&group_by=pool&range=1h&step=1m
+    GET|PUT /api/v1/metrics/objectives
+    GET /api/v1/metrics/targets
+
+Bad input answers 400 naming the parameter: ``{"window": ["..."]}``.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.utils import timezone
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from controlplane.metrics import figures, query
+from controlplane.metrics.figures import Objectives
+from controlplane.metrics.models import ScrapeRound, ScrapeStatus, ServiceObjectives
+
+SELECTOR_PARAMS = [
+    OpenApiParameter(key, str, description=f"only this {key}") for key in query.SELECTOR_KEYS
+]
+COMMON_PARAMS = [
+    OpenApiParameter("figure", str, required=True, description="a figure name from /metrics/figures"),
+    OpenApiParameter("window", str, description="e.g. 30s, 5m, 1h (default 5m)"),
+    OpenApiParameter("group_by", str, description="fleet, worker, pool, cohort; length_bucket for client_* figures"),
+    OpenApiParameter("ttft_slo", float, description="goodput's TTFT objective in seconds (default: the stored one)"),
+    OpenApiParameter("tpot_slo", float, description="goodput's TPOT objective in seconds (default: the stored one)"),
+    *SELECTOR_PARAMS,
+]
+
+
+def _bad(exc: query.QueryError) -> Response:
+    return Response({exc.field: [exc.message]}, status=400)
+
+
+def _common(request: Request) -> dict[str, Any]:
+    params = request.query_params
+    if not params.get("figure"):
+        raise query.QueryError("figure", "required; one of " + ", ".join(figures.FIGURES))
+    figure = query.figure_named(params["figure"])
+    window = query.parse_duration(params.get("window", "5m"), "window")
+    group_by = query.check_group_by(figure, params.get("group_by") or query.FLEET)
+    selector = {key: params[key] for key in query.SELECTOR_KEYS if params.get(key)}
+    objectives = None
+    if params.get("ttft_slo") or params.get("tpot_slo"):
+        stored = ServiceObjectives.current()
+        objectives = Objectives(
+            _positive(params.get("ttft_slo"), "ttft_slo", stored.ttft_seconds),
+            _positive(params.get("tpot_slo"), "tpot_slo", stored.tpot_seconds),
+        )
+    return {"figure": figure, "window": window, "group_by": group_by, "selector": selector,
+            "objectives": objectives}
+
+
+def _positive(text: str | None, field: str, default: float) -> float:
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise query.QueryError(field, "must be a number of seconds") from None
+    if not value > 0:
+        raise query.QueryError(field, "must be positive")
+    return value
+
+
+class FiguresView(APIView):
+    @extend_schema(summary="The figure registry", responses={200: dict})
+    def get(self, request: Request) -> Response:
+        return Response(
+            {
+                "figures": [
+                    {**f.describe(), "group_by": list(figures.group_by_choices(f))} for f in figures.FIGURES.values()
+                ],
+                "panel": list(figures.PANEL_FIGURES),
+                "length_buckets": list(query.catalogue.LENGTH_BUCKET_LABELS),
+            }
+        )
+
+
+class QueryView(APIView):
+    @extend_schema(summary="A figure over one window, per group", parameters=COMMON_PARAMS, responses={200: dict})
+    def get(self, request: Request) -> Response:
+        now = timezone.now()
+        try:
+            args = _common(request)
+            values = query.query(
+                args["figure"].name, args["window"], args["group_by"], args["selector"], now, args["objectives"]
+            )
+        except query.QueryError as exc:
+            return _bad(exc)
+        f = args["figure"]
+        return Response(
+            {
+                "figure": f.name,
+                "unit": f.unit,
+                "direction": f.direction.value,
+                "window_seconds": args["window"],
+                "group_by": args["group_by"],
+                "at": now.isoformat(),
+                "values": values,
+            }
+        )
+
+
+class QueryRangeView(APIView):
+    @extend_schema(
+        summary="A figure as a time series, per group",
+        parameters=[
+            *COMMON_PARAMS,
+            OpenApiParameter("range", str, description="how far back from end (default 1h)"),
+            OpenApiParameter("step", str, description="between points (default: range/120, at least 1m)"),
+            OpenApiParameter("end", str, description="ISO time or epoch seconds (default now)"),
+        ],
+        responses={200: dict},
+    )
+    def get(self, request: Request) -> Response:
+        params = request.query_params
+        try:
+            args = _common(request)
+            end = _time(params.get("end"), "end") or timezone.now()
+            span = query.parse_duration(params.get("range", "1h"), "range")
+            step = query.parse_duration(params["step"], "step") if params.get("step") else max(60.0, span / 120)
+            result = query.query_range(
+                args["figure"].name, args["window"], args["group_by"], args["selector"],
+                start=end - timedelta(seconds=span), end=end, step_seconds=step, objectives=args["objectives"],
+            )
+        except query.QueryError as exc:
+            return _bad(exc)
+        f = args["figure"]
+        return Response(
+            {
+                "figure": f.name,
+                "unit": f.unit,
+                "direction": f.direction.value,
+                "window_seconds": args["window"],
+                "group_by": args["group_by"],
+                "step_seconds": step,
+                "times": result.times,
+                "series": result.series,
+            }
+        )
+
+
+def _time(text: str | None, field: str) -> datetime | None:
+    if not text:
+        return None
+    try:
+        return datetime.fromtimestamp(float(text), tz=UTC)
+    except ValueError:
+        pass
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        raise query.QueryError(field, "an ISO 8601 time or epoch seconds") from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+class ObjectivesSerializer(serializers.ModelSerializer):
+    ttft_seconds = serializers.FloatField(min_value=0.001, max_value=3600)
+    tpot_seconds = serializers.FloatField(min_value=0.0001, max_value=600)
+
+    class Meta:
+        model = ServiceObjectives
+        fields = ["ttft_seconds", "tpot_seconds", "updated_at"]
+        read_only_fields = ["updated_at"]
+
+
+class ObjectivesView(APIView):
+    """The TTFT and TPOT objectives goodput counts against. Operators change them."""
+
+    @extend_schema(summary="Goodput's objectives", responses={200: ObjectivesSerializer})
+    def get(self, request: Request) -> Response:
+        return Response(ObjectivesSerializer(ServiceObjectives.current()).data)
+
+    @extend_schema(summary="Set goodput's objectives", request=ObjectivesSerializer, responses={200: ObjectivesSerializer})
+    def put(self, request: Request) -> Response:
+        row = ServiceObjectives.current()
+        serializer = ObjectivesSerializer(row, data=request.data)
+        serializer.is_valid(raise_exception=True)
+        row.change(serializer.validated_data["ttft_seconds"], serializer.validated_data["tpot_seconds"],
+                   actor=request.user)
+        return Response(ObjectivesSerializer(row).data)
+
+
+class TargetsView(APIView):
+    @extend_schema(summary="Each worker's last scrape", responses={200: dict})
+    def get(self, request: Request) -> Response:
+        latest = ScrapeRound.latest()
+        return Response(
+            {
+                "last_round_at": latest.started_at.isoformat() if latest else None,
+                "workers": [
+                    {
+                        "worker": s.worker.name,
+                        "up": s.up,
+                        "last_attempt_at": s.last_attempt_at,
+                        "last_success_at": s.last_success_at,
+                        "last_duration_seconds": s.last_duration_seconds,
+                        "last_error": s.last_error,
+                        "num_consecutive_failures": s.num_consecutive_failures,
+                    }
+                    for s in ScrapeStatus.objects.select_related("worker").order_by("worker__name")
+                ],
+            }
+        )

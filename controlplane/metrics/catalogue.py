@@ -1,0 +1,216 @@
+"""Which scraped series the control plane keeps, and the row layout they pack into.
+
+A worker's ``/metrics`` page is large (every vLLM family, with their
+``_created`` twins); the figures need a few dozen series of it. A scrape is
+reduced to one float vector in a fixed order, the **layout**: the counters
+below, then each histogram's buckets by upper bound with its ``_sum`` and
+``_count``, then the gauges. Series are summed over every label but ``le``
+and ``kind`` (a worker has one engine, but vLLM labels by engine index and
+finished reason). The layout depends only on the histograms' bucket bounds,
+so it changes only when a worker changes engine; snapshots store the vector
+and point at the layout.
+
+Pure: no Django. ``parse`` takes Prometheus text; ``Layout`` finds series in a
+vector by key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+
+from controlplane.metrics.promql import Floats
+
+# Counters, by their sample name; a ``{kind=...}`` suffix keeps that label.
+COUNTERS: tuple[str, ...] = (
+    "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total",
+    "vllm:request_success_total",
+    "vllm:num_preemptions_total",
+    "vllm:prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total",
+    "chunkpilot:steps_total",
+    "chunkpilot:step_tokens_total{kind=prefill}",
+    "chunkpilot:step_tokens_total{kind=decode}",
+    "chunkpilot:kv_fragmentation_ratio_seconds_total",
+    "chunkpilot:memory_byte_seconds_total",
+)
+HISTOGRAMS: tuple[str, ...] = (
+    "vllm:time_to_first_token_seconds",
+    "vllm:inter_token_latency_seconds",
+    "vllm:request_time_per_output_token_seconds",
+    "vllm:request_queue_time_seconds",
+    "chunkpilot:request_max_gap_seconds",
+    "chunkpilot:prefill_chunk_wait_seconds",
+)
+GAUGES: tuple[str, ...] = (
+    "chunkpilot:memory_recent_peak_bytes",
+    "chunkpilot:memory_bytes",
+    "chunkpilot:kv_fragmentation_ratio",
+    "vllm:kv_cache_usage_perc",
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+)
+# The one gauge read as a maximum over a window (DESIGN.md: a window's memory
+# peak is the max of its scrapes). Stored beside the vector as a column so a
+# long window's max is one SQL aggregate.
+PEAK_MEMORY = "chunkpilot:memory_recent_peak_bytes"
+# Labels of chunkpilot:profile_info that say what a worker ran at a scrape.
+PROFILE_INFO = "chunkpilot:profile_info"
+
+_HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
+
+
+def format_le(bound: float) -> str:
+    return "+Inf" if math.isinf(bound) else repr(float(bound))
+
+
+def bucket_key(histogram: str, bound: float) -> str:
+    return f"{histogram}_bucket{{le={format_le(bound)}}}"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The order of series in a stored vector."""
+
+    keys: tuple[str, ...]
+    index: dict[str, int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "index", {key: i for i, key in enumerate(self.keys)})
+
+    @cached_property
+    def digest(self) -> str:
+        return hashlib.sha1("\n".join(self.keys).encode()).hexdigest()
+
+    @cached_property
+    def is_counter(self) -> np.ndarray:
+        """True for every series that only goes up (counters, buckets, _sum, _count)."""
+        gauges = set(GAUGES)
+        return np.array([key not in gauges for key in self.keys], dtype=bool)
+
+    def buckets(self, histogram: str) -> list[tuple[float, int]]:
+        """(upper bound, position) of the histogram's buckets, lowest first."""
+        prefix = f"{histogram}_bucket{{le="
+        out = [(float(key[len(prefix) : -1]), i) for i, key in enumerate(self.keys) if key.startswith(prefix)]
+        return sorted(out)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """One worker's page reduced to the kept series."""
+
+    layout: Layout
+    values: Floats
+    profile: dict[str, str]  # chunkpilot:profile_info's labels, empty when absent
+
+
+def _sample_key(name: str, labels: dict[str, str]) -> str | None:
+    if name.startswith("chunkpilot:step_tokens_total"):
+        kind = labels.get("kind")
+        return f"chunkpilot:step_tokens_total{{kind={kind}}}" if kind in ("prefill", "decode") else None
+    if name in _COUNTER_SET or name in _GAUGE_SET:
+        return name
+    for suffix in _HISTOGRAM_SUFFIXES:
+        if name.endswith(suffix) and name[: -len(suffix)] in _HISTOGRAM_SET:
+            if suffix == "_bucket":
+                return bucket_key(name[: -len(suffix)], float(labels["le"]))
+            return name
+    return None
+
+
+_COUNTER_SET = {c for c in COUNTERS if "{" not in c}
+_GAUGE_SET = set(GAUGES)
+_HISTOGRAM_SET = set(HISTOGRAMS)
+
+
+def layout_for(bucket_bounds: dict[str, Iterable[float]]) -> Layout:
+    """The layout for histograms with these bucket bounds (``+Inf`` added)."""
+    keys: list[str] = list(COUNTERS)
+    for histogram in HISTOGRAMS:
+        bounds = sorted(set(bucket_bounds.get(histogram, ())) | {math.inf})
+        keys.extend(bucket_key(histogram, b) for b in bounds)
+        keys.extend((f"{histogram}_sum", f"{histogram}_count"))
+    keys.extend(GAUGES)
+    return Layout(tuple(keys))
+
+
+def parse(text: str) -> Scrape:
+    """Reduce Prometheus text to the kept series. Counters and histograms
+    that the page lacks are 0 (nothing counted yet); missing gauges are NaN."""
+    sums: dict[str, float] = {}
+    bounds: dict[str, set[float]] = {}
+    profile: dict[str, str] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == PROFILE_INFO and sample.value == 1:
+                profile = {k: v for k, v in sample.labels.items() if k not in ("model_name", "engine")}
+                continue
+            key = _sample_key(sample.name, sample.labels)
+            if key is None:
+                continue
+            if key.endswith("}") and "_bucket{le=" in key:
+                histogram = key.split("_bucket{", 1)[0]
+                bounds.setdefault(histogram, set()).add(float(sample.labels["le"]))
+            sums[key] = sums.get(key, 0.0) + float(sample.value)
+    layout = layout_for(bounds)
+    values = np.array(
+        [sums.get(key, math.nan if key in _GAUGE_SET else 0.0) for key in layout.keys], dtype=np.float64
+    )
+    return Scrape(layout, values, profile)
+
+
+def length_bucket(prompt_tokens: int) -> str:
+    """DESIGN.md's prompt-length buckets."""
+    for limit, label in LENGTH_BUCKETS:
+        if prompt_tokens <= limit:
+            return label
+    return LENGTH_BUCKET_LABELS[-1]
+
+
+LENGTH_BUCKETS: tuple[tuple[int, str], ...] = (
+    (512, "≤512"),
+    (2048, "≤2K"),
+    (8192, "≤8K"),
+    (32768, "≤32K"),
+)
+LENGTH_BUCKET_LABELS: tuple[str, ...] = (*(label for _, label in LENGTH_BUCKETS), ">32K")
+
+
+def length_bucket_edges() -> Sequence[int]:
+    return [limit for limit, _ in LENGTH_BUCKETS]
+
+
+@dataclass(frozen=True)
+class Folded:
+    totals: Floats  # counters reset-corrected, gauges as scraped
+    offsets: Floats  # what each counter has lost to resets so far
+    reset: bool
+
+
+def fold(previous_raw: Floats | None, offsets: Floats | None, raw: Floats, is_counter: np.ndarray) -> Folded:
+    """Add one scrape to a series set's running reduction.
+
+    Stored counters are *totals*: the raw value plus everything lost to
+    earlier resets, so they never go down and a window's reset-corrected
+    increase is last minus first — exactly the increase Prometheus computes
+    by adding the value before each reset. ``offsets`` is kept to recover a
+    sample's raw value (Prometheus's zero-point check reads it)."""
+    offsets = np.zeros_like(raw) if offsets is None else offsets.copy()
+    reset = False
+    if previous_raw is not None:
+        dropped = is_counter & (raw < previous_raw)
+        if dropped.any():
+            offsets[dropped] += previous_raw[dropped]
+            reset = True
+    totals = np.where(is_counter, raw + offsets, raw)
+    return Folded(totals, offsets, reset)

@@ -1,0 +1,433 @@
+"""The figure registry: every figure Chunkpilot shows, in one place.
+
+Each figure has a name, a unit, which way is better, and how to compute it
+over a range from one group's inputs. The query API, the dashboards, the
+rollout analysis and the alert rules all read this registry, so a figure has
+one definition everywhere (DESIGN.md's Metrics section is the law).
+
+Two sources:
+
+* ``scrape`` figures are PromQL over the workers' scraped counters and
+  histograms: a group's series are summed bucket by bucket (``sum by (le)``)
+  after each series' ``increase`` over the range, exactly like
+  ``histogram_quantile(0.99, sum by (le) (rate(x_bucket[w])))``. Their
+  ``promql`` attribute is that expression, which the shipped Grafana
+  dashboard and Prometheus rules use verbatim.
+* ``requests`` figures are exact, from the gateway's per-request log:
+  percentiles over requests (PromQL's ``quantile`` rule), goodput against
+  the operator's objectives, error rate. Only these can be grouped by prompt
+  length, which only the gateway knows.
+
+Pure: inputs are arrays (``TargetWindows``, ``RequestRows``); NaN means no
+data and becomes None at the edge. A range in which nothing happened is no
+data, never zero — except counts of events that demonstrably did not happen
+(a rate over a range with samples but no increase is 0).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Literal
+
+import numpy as np
+
+from controlplane.metrics import catalogue, promql
+from controlplane.metrics.catalogue import Layout
+from controlplane.metrics.promql import Floats
+
+
+class Direction(StrEnum):
+    LOWER = "lower"  # lower is better
+    HIGHER = "higher"
+
+
+Source = Literal["scrape", "requests"]
+
+
+@dataclass
+class TargetWindows:
+    """One target's inputs over ranges ending at ``points``."""
+
+    labels: dict[str, str]
+    layout: Layout
+    increases: Floats  # [num_points, len(layout)], NaN: fewer than two samples
+    peak_memory: Floats  # [num_points]: max of the peak-memory gauge, NaN: no samples
+    range_seconds: float
+
+
+@dataclass
+class RequestRows:
+    """The gateway's log for one group, sorted by ``created``."""
+
+    created: Floats  # epoch seconds
+    ok: np.ndarray  # bool: answered 200 and finished without error
+    failed: np.ndarray  # bool: the service failed it (5xx, 429, broken stream)
+    ttft: Floats  # NaN where unknown (failed before a token)
+    tpot: Floats
+    max_gap: Floats
+    e2e: Floats
+
+    @classmethod
+    def empty(cls) -> RequestRows:
+        nothing = np.zeros(0)
+        return cls(nothing, np.zeros(0, dtype=bool), np.zeros(0, dtype=bool), nothing, nothing, nothing, nothing)
+
+    def take(self, index: np.ndarray | slice) -> RequestRows:
+        return RequestRows(
+            self.created[index], self.ok[index], self.failed[index], self.ttft[index], self.tpot[index],
+            self.max_gap[index], self.e2e[index],
+        )
+
+
+@dataclass(frozen=True)
+class Objectives:
+    ttft_seconds: float
+    tpot_seconds: float
+
+
+ScrapeFn = Callable[[Sequence[TargetWindows], int], Floats]
+RequestFn = Callable[[RequestRows, Floats, float, Objectives], Floats]
+
+
+@dataclass(frozen=True)
+class Figure:
+    name: str
+    label: str
+    unit: str  # "s", "ratio", "1/s", "tokens/s", "tokens/step", "requests/s"
+    direction: Direction
+    source: Source
+    description: str
+    promql: str = ""
+    needs_peak_memory: bool = False
+    _scrape: ScrapeFn | None = field(default=None, repr=False, compare=False)
+    _requests: RequestFn | None = field(default=None, repr=False, compare=False)
+
+    def from_targets(self, targets: Sequence[TargetWindows], num_points: int) -> Floats:
+        assert self._scrape is not None, self.name
+        if not targets:
+            return np.full(num_points, np.nan)
+        return self._scrape(targets, num_points)
+
+    def from_requests(self, rows: RequestRows, points: Floats, range_seconds: float, objectives: Objectives) -> Floats:
+        assert self._requests is not None, self.name
+        return self._requests(rows, points, range_seconds, objectives)
+
+    def describe(self) -> dict[str, str]:
+        return {
+            "name": self.name,
+            "label": self.label,
+            "unit": self.unit,
+            "direction": self.direction.value,
+            "source": self.source,
+            "description": self.description,
+            "promql": self.promql,
+        }
+
+
+# ---- scrape arithmetic: sums over a group's series --------------------------------
+
+
+def _sum_key(targets: Sequence[TargetWindows], key: str, num_points: int) -> Floats:
+    """``sum(increase(key[w]))``: NaN where no series of the group had data."""
+    total = np.zeros(num_points)
+    seen = np.zeros(num_points, dtype=bool)
+    for t in targets:
+        i = t.layout.index.get(key)
+        if i is None:
+            continue
+        column = t.increases[:, i]
+        has = ~np.isnan(column)
+        total[has] += column[has]
+        seen |= has
+    return np.where(seen, total, np.nan)
+
+
+def _sum_keys(targets: Sequence[TargetWindows], keys: Sequence[str], num_points: int) -> Floats:
+    parts = [_sum_key(targets, key, num_points) for key in keys]
+    stacked = np.vstack(parts)
+    return np.where(np.isnan(stacked).all(axis=0), np.nan, np.nansum(stacked, axis=0))
+
+
+def _quantile(q: float, histogram: str) -> ScrapeFn:
+    def compute(targets: Sequence[TargetWindows], num_points: int) -> Floats:
+        bounds = sorted({b for t in targets for b, _ in t.layout.buckets(histogram)})
+        if not bounds:
+            return np.full(num_points, np.nan)
+        per_bound = np.vstack([_sum_key(targets, catalogue.bucket_key(histogram, b), num_points) for b in bounds])
+        out = np.full(num_points, np.nan)
+        for j in range(num_points):
+            column = per_bound[:, j]
+            present = ~np.isnan(column)
+            if not present.any():
+                continue
+            value = promql.histogram_quantile(q, zip(np.asarray(bounds)[present], column[present], strict=True))
+            out[j] = np.nan if value is None else value
+        return out
+
+    return compute
+
+
+def _ratio_of(numerator: Callable[[Sequence[TargetWindows], int], Floats],
+              denominator: Callable[[Sequence[TargetWindows], int], Floats]) -> ScrapeFn:
+    def compute(targets: Sequence[TargetWindows], num_points: int) -> Floats:
+        num, den = numerator(targets, num_points), denominator(targets, num_points)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(den > 0, num / den, np.nan)
+
+    return compute
+
+
+def _keys(*keys: str) -> Callable[[Sequence[TargetWindows], int], Floats]:
+    return lambda targets, n: _sum_keys(targets, keys, n)
+
+
+def _mean(histogram: str) -> ScrapeFn:
+    return _ratio_of(_keys(f"{histogram}_sum"), _keys(f"{histogram}_count"))
+
+
+def _rate(*keys: str) -> ScrapeFn:
+    def compute(targets: Sequence[TargetWindows], num_points: int) -> Floats:
+        return _sum_keys(targets, keys, num_points) / targets[0].range_seconds
+
+    return compute
+
+
+def _avg_over_targets(per_target: Callable[[TargetWindows], Floats]) -> ScrapeFn:
+    """``avg by (group) (...)`` of a per-worker figure, ignoring workers without data."""
+
+    def compute(targets: Sequence[TargetWindows], num_points: int) -> Floats:
+        stacked = np.vstack([per_target(t) for t in targets])
+        with np.errstate(invalid="ignore"):
+            counts = (~np.isnan(stacked)).sum(axis=0)
+            return np.where(counts > 0, np.nansum(stacked, axis=0) / np.maximum(counts, 1), np.nan)
+
+    return compute
+
+
+def _time_weighted_mean(key: str) -> Callable[[TargetWindows], Floats]:
+    """rate() of a ``*_seconds_total`` integral is its time-weighted mean."""
+
+    def per_target(t: TargetWindows) -> Floats:
+        i = t.layout.index.get(key)
+        return np.full(len(t.peak_memory), np.nan) if i is None else t.increases[:, i] / t.range_seconds
+
+    return per_target
+
+
+def _peak_to_mean(t: TargetWindows) -> Floats:
+    mean = _time_weighted_mean("chunkpilot:memory_byte_seconds_total")(t)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(mean > 0, t.peak_memory / mean, np.nan)
+
+
+# ---- request-log arithmetic -------------------------------------------------------
+
+
+def _per_window(rows: RequestRows, points: Floats, range_seconds: float,
+                reduce: Callable[[RequestRows], float]) -> Floats:
+    lo = np.searchsorted(rows.created, points - range_seconds, side="right")
+    hi = np.searchsorted(rows.created, points, side="right")
+    out = np.full(len(points), np.nan)
+    for j, (a, b) in enumerate(zip(lo, hi, strict=True)):
+        out[j] = reduce(rows.take(slice(a, b)))
+    return out
+
+
+def _request_quantile(q: float, column: str) -> RequestFn:
+    def compute(rows: RequestRows, points: Floats, range_seconds: float, objectives: Objectives) -> Floats:
+        def reduce(w: RequestRows) -> float:
+            values = getattr(w, column)[w.ok]
+            values = values[~np.isnan(values)]
+            value = promql.quantile(q, values.tolist())
+            return math.nan if value is None else value
+
+        return _per_window(rows, points, range_seconds, reduce)
+
+    return compute
+
+
+def _meets_objectives(w: RequestRows, objectives: Objectives) -> np.ndarray:
+    # A one-token answer has no time per output token: it meets that objective.
+    tpot_ok = np.isnan(w.tpot) | (w.tpot <= objectives.tpot_seconds)
+    return w.ok & (w.ttft <= objectives.ttft_seconds) & tpot_ok
+
+
+def _request_count_rate(which: Literal["all", "good"]) -> RequestFn:
+    def compute(rows: RequestRows, points: Floats, range_seconds: float, objectives: Objectives) -> Floats:
+        def reduce(w: RequestRows) -> float:
+            if which == "all":
+                return len(w.created) / range_seconds
+            return float(_meets_objectives(w, objectives).sum()) / range_seconds
+
+        return _per_window(rows, points, range_seconds, reduce)
+
+    return compute
+
+
+def _request_fraction(which: Literal["errors", "good"]) -> RequestFn:
+    def compute(rows: RequestRows, points: Floats, range_seconds: float, objectives: Objectives) -> Floats:
+        def reduce(w: RequestRows) -> float:
+            if not len(w.created):
+                return math.nan
+            hits = w.failed.sum() if which == "errors" else _meets_objectives(w, objectives).sum()
+            return float(hits) / len(w.created)
+
+        return _per_window(rows, points, range_seconds, reduce)
+
+    return compute
+
+
+def _request_count(rows: RequestRows, points: Floats, range_seconds: float, objectives: Objectives) -> Floats:
+    return _per_window(rows, points, range_seconds, lambda w: float(len(w.created)))
+
+
+# ---- the registry -------------------------------------------------------------
+
+TTFT = "vllm:time_to_first_token_seconds"
+ITL = "vllm:inter_token_latency_seconds"
+TPOT = "vllm:request_time_per_output_token_seconds"
+QUEUE = "vllm:request_queue_time_seconds"
+MAX_GAP = "chunkpilot:request_max_gap_seconds"
+CHUNK_WAIT = "chunkpilot:prefill_chunk_wait_seconds"
+PREFILL_TOKENS = "chunkpilot:step_tokens_total{kind=prefill}"
+DECODE_TOKENS = "chunkpilot:step_tokens_total{kind=decode}"
+W = "$__range"  # Grafana's window variable in the PromQL strings; G: the grouping
+
+
+def _hq(q: float, histogram: str) -> str:
+    return f"histogram_quantile({q}, sum by (le, G) (rate({histogram}_bucket[{W}])))"
+
+
+def _scrape(name: str, label: str, unit: str, direction: Direction, description: str, compute: ScrapeFn,
+            expr: str, **kw: bool) -> Figure:
+    return Figure(name, label, unit, direction, "scrape", description, expr, _scrape=compute, **kw)
+
+
+def _requests(name: str, label: str, unit: str, direction: Direction, description: str, compute: RequestFn) -> Figure:
+    return Figure(name, label, unit, direction, "requests", description, _requests=compute)
+
+
+L, H = Direction.LOWER, Direction.HIGHER
+
+FIGURES: dict[str, Figure] = {
+    f.name: f
+    for f in [
+        # The four-figure panel.
+        _scrape("ttft_p99", "TTFT P99", "s", L, "Arrival to first token, 99th percentile over the window.",
+                _quantile(0.99, TTFT), _hq(0.99, TTFT)),
+        _scrape("memory_peak_to_mean", "Memory peak/mean", "ratio", L,
+                "Peak engine memory over the window (max of the 15-s recent-peak gauge's scrapes) divided by its "
+                "time-weighted mean (rate of memory byte-seconds), per worker, averaged over the group. Lower "
+                "means the peaks were spread out.",
+                _avg_over_targets(_peak_to_mean),
+                f"avg by (G) (max_over_time(chunkpilot:memory_recent_peak_bytes[{W}]) / "
+                f"rate(chunkpilot:memory_byte_seconds_total[{W}]))",
+                needs_peak_memory=True),
+        _scrape("prefill_wait_mean", "Prefill wait mean", "s", L,
+                "Per prefill chunk, how long its request waited, schedulable, since its previous chunk ended (or "
+                "since arrival); mean over the window.",
+                _mean(CHUNK_WAIT),
+                f"sum by (G) (rate({CHUNK_WAIT}_sum[{W}])) / sum by (G) (rate({CHUNK_WAIT}_count[{W}]))"),
+        _scrape("prefill_wait_p99", "Prefill wait P99", "s", L, "Per prefill chunk wait, 99th percentile.",
+                _quantile(0.99, CHUNK_WAIT), _hq(0.99, CHUNK_WAIT)),
+        _scrape("kv_fragmentation", "KV fragmentation", "ratio", L,
+                "1 − tokens stored / (blocks held × block size), sampled each step, time-weighted mean over the "
+                "window per worker, averaged over the group.",
+                _avg_over_targets(_time_weighted_mean("chunkpilot:kv_fragmentation_ratio_seconds_total")),
+                f"avg by (G) (rate(chunkpilot:kv_fragmentation_ratio_seconds_total[{W}]))"),
+        # Beside them.
+        _scrape("itl_p99", "ITL P99", "s", L, "Time between consecutive tokens, 99th percentile over all gaps.",
+                _quantile(0.99, ITL), _hq(0.99, ITL)),
+        _scrape("stall_p99", "Stalls P99", "s", L,
+                "Each finished request's largest gap between two tokens, 99th percentile over requests: "
+                "head-of-line blocking that whole-run ITL hides.",
+                _quantile(0.99, MAX_GAP), _hq(0.99, MAX_GAP)),
+        _scrape("tpot_p99", "TPOT P99", "s", L, "Per request, decode time per output token; 99th percentile.",
+                _quantile(0.99, TPOT), _hq(0.99, TPOT)),
+        _scrape("tpot_mean", "TPOT mean", "s", L, "Per request, decode time per output token; mean.",
+                _mean(TPOT), f"sum by (G) (rate({TPOT}_sum[{W}])) / sum by (G) (rate({TPOT}_count[{W}]))"),
+        _scrape("queue_time_p99", "Queue time P99", "s", L, "Arrival to first scheduled, 99th percentile.",
+                _quantile(0.99, QUEUE), _hq(0.99, QUEUE)),
+        _scrape("queue_time_mean", "Queue time mean", "s", L, "Arrival to first scheduled, mean.",
+                _mean(QUEUE), f"sum by (G) (rate({QUEUE}_sum[{W}])) / sum by (G) (rate({QUEUE}_count[{W}]))"),
+        _scrape("requests_per_second", "Requests/s", "requests/s", H, "Requests the engines finished, per second.",
+                _rate("vllm:request_success_total"), f"sum by (G) (rate(vllm:request_success_total[{W}]))"),
+        _scrape("output_tokens_per_second", "Output tokens/s", "tokens/s", H, "Generated tokens per second.",
+                _rate("vllm:generation_tokens_total"), f"sum by (G) (rate(vllm:generation_tokens_total[{W}]))"),
+        _scrape("prompt_tokens_per_second", "Prompt tokens/s", "tokens/s", H, "Prompt tokens taken in per second.",
+                _rate("vllm:prompt_tokens_total"), f"sum by (G) (rate(vllm:prompt_tokens_total[{W}]))"),
+        _scrape("prefill_tokens_per_step", "Prefill tokens/step", "tokens/step", Direction.HIGHER,
+                "The token mix: prompt tokens run per engine step.",
+                _ratio_of(_keys(PREFILL_TOKENS), _keys("chunkpilot:steps_total")),
+                f'sum by (G) (rate(chunkpilot:step_tokens_total{{kind="prefill"}}[{W}])) / '
+                f"sum by (G) (rate(chunkpilot:steps_total[{W}]))"),
+        _scrape("decode_tokens_per_step", "Decode tokens/step", "tokens/step", Direction.HIGHER,
+                "The token mix: decode tokens run per engine step.",
+                _ratio_of(_keys(DECODE_TOKENS), _keys("chunkpilot:steps_total")),
+                f'sum by (G) (rate(chunkpilot:step_tokens_total{{kind="decode"}}[{W}])) / '
+                f"sum by (G) (rate(chunkpilot:steps_total[{W}]))"),
+        _scrape("prefill_token_share", "Prefill share of tokens", "ratio", Direction.HIGHER,
+                "Prompt tokens over all tokens the engines ran.",
+                _ratio_of(_keys(PREFILL_TOKENS), _keys(PREFILL_TOKENS, DECODE_TOKENS)),
+                f'sum by (G) (rate(chunkpilot:step_tokens_total{{kind="prefill"}}[{W}])) / '
+                f"sum by (G) (rate(chunkpilot:step_tokens_total[{W}]))"),
+        _scrape("preemptions_per_second", "Preemptions/s", "1/s", L, "Requests preempted per second.",
+                _rate("vllm:num_preemptions_total"), f"sum by (G) (rate(vllm:num_preemptions_total[{W}]))"),
+        _scrape("prefix_cache_hit_rate", "Prefix-cache hit rate", "ratio", H,
+                "Cached prompt tokens over queried prompt tokens.",
+                _ratio_of(_keys("vllm:prefix_cache_hits_total"), _keys("vllm:prefix_cache_queries_total")),
+                f"sum by (G) (rate(vllm:prefix_cache_hits_total[{W}])) / "
+                f"sum by (G) (rate(vllm:prefix_cache_queries_total[{W}]))"),
+        # Exact, from the gateway's per-request log.
+        _requests("client_ttft_p99", "TTFT P99 (exact)", "s", L,
+                  "Time to first token as the gateway saw it, exact 99th percentile over successful requests.",
+                  _request_quantile(0.99, "ttft")),
+        _requests("client_ttft_p50", "TTFT P50 (exact)", "s", L, "Exact median time to first token.",
+                  _request_quantile(0.5, "ttft")),
+        _requests("client_tpot_p99", "TPOT P99 (exact)", "s", L, "Exact 99th percentile of time per output token.",
+                  _request_quantile(0.99, "tpot")),
+        _requests("client_stall_p99", "Stalls P99 (exact)", "s", L,
+                  "Exact 99th percentile over requests of each one's largest gap between tokens.",
+                  _request_quantile(0.99, "max_gap")),
+        _requests("client_e2e_p99", "End-to-end P99 (exact)", "s", L, "Exact 99th percentile of request latency.",
+                  _request_quantile(0.99, "e2e")),
+        _requests("client_requests_per_second", "Requests/s (gateway)", "requests/s", H,
+                  "Requests the gateway finished, per second, errors included.", _request_count_rate("all")),
+        _requests("goodput", "Goodput", "requests/s", H,
+                  "Requests per second that succeeded and met both the TTFT and the TPOT objective.",
+                  _request_count_rate("good")),
+        _requests("goodput_ratio", "Within objectives", "ratio", H,
+                  "The share of requests that succeeded and met both objectives.", _request_fraction("good")),
+        _requests("error_rate", "Error rate", "ratio", L,
+                  "Requests the service failed (5xx, 429 overload, a stream broken mid-way) over all requests; "
+                  "other 4xx are the client's doing and count as neither.",
+                  _request_fraction("errors")),
+        _requests("request_count", "Requests", "requests", H, "Requests in the window (the sample size).",
+                  _request_count),
+    ]
+}
+
+# The four figures that decide whether chunked prefill is tuned right (DESIGN.md).
+PANEL_FIGURES: tuple[str, ...] = ("ttft_p99", "memory_peak_to_mean", "prefill_wait_p99", "kv_fragmentation")
+BESIDE_FIGURES: tuple[str, ...] = (
+    "prefill_wait_mean", "itl_p99", "stall_p99", "tpot_p99", "queue_time_p99", "prefill_tokens_per_step",
+    "decode_tokens_per_step", "preemptions_per_second", "prefix_cache_hit_rate", "output_tokens_per_second",
+)
+LENGTH_TABLE_FIGURES: tuple[str, ...] = (
+    "request_count", "client_ttft_p50", "client_ttft_p99", "client_tpot_p99", "client_stall_p99",
+    "client_e2e_p99", "goodput_ratio", "error_rate",
+)
+
+GROUP_BY_SCRAPE = ("fleet", "worker", "pool", "cohort")
+GROUP_BY_REQUESTS = ("fleet", "worker", "pool", "cohort", "length_bucket")
+
+
+def get(name: str) -> Figure:
+    return FIGURES[name]
+
+
+def group_by_choices(figure: Figure) -> tuple[str, ...]:
+    return GROUP_BY_REQUESTS if figure.source == "requests" else GROUP_BY_SCRAPE

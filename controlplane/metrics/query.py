@@ -1,0 +1,497 @@
+"""Figures over stored data: the one door the API, dashboards, rollouts and
+alerts go through.
+
+    query("ttft_p99", 300, group_by="cohort", selector={"pool": "gpu-a"})
+        -> {"canary": 0.41, "stable": 0.38}
+    query_range("ttft_p99", 300, group_by="pool", start=..., end=..., step_seconds=60)
+        -> RangeResult(times=[...], series={"gpu-a": [0.4, None, ...]})
+
+A value of None is *no data* (nothing happened in the window, or fewer than
+two scrapes), never zero. Groups: ``fleet`` (one group), ``worker``,
+``pool``, ``cohort`` (the pool's role in the routing table), and for
+request-log figures ``length_bucket``.
+
+How data is read (see models.py for the row format):
+
+* one window: for each target, its first and last snapshot inside the window
+  (two index probes), their reset-corrected totals and sample numbers give
+  Prometheus's extrapolated increase for every series at once. Windows that
+  reach past raw retention read minute rollups the same way. The peak-memory
+  maximum is one aggregate: minute rollups inside, raw scrapes at the edges.
+* a time series: every minute rollup of the range (60 per target per hour),
+  windows evaluated at each point with the same arithmetic.
+* request-log figures read the gateway's log rows of the window.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+from django.db.models import Max, OuterRef, Q, Subquery
+from django.utils import timezone
+
+from controlplane.metrics import catalogue, figures, promql
+from controlplane.metrics.figures import Figure, Objectives, RequestRows, TargetWindows
+from controlplane.metrics.models import (
+    RAW_RETENTION,
+    CounterReset,
+    Rollup,
+    SeriesLayout,
+    ServiceObjectives,
+    Snapshot,
+    Target,
+    minute_of,
+    unpack,
+)
+from controlplane.metrics.promql import Floats
+
+SELECTOR_KEYS = ("worker", "pool", "cohort")
+NO_POOL = "(no pool)"
+NO_COHORT = "(unrouted)"
+FLEET = "fleet"
+MAX_RANGE_POINTS = 1500
+# Retention deletes the oldest raw minute while a window is read: keep clear.
+_RAW_MARGIN = timedelta(minutes=2)
+
+
+class QueryError(ValueError):
+    """Bad input, naming the parameter (the API answers 400 with it)."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+@dataclass
+class RangeResult:
+    times: list[float]  # epoch seconds, the end of each point's window
+    series: dict[str, list[float | None]]
+
+
+# ---- validation ------------------------------------------------------------------
+
+
+def figure_named(name: str) -> Figure:
+    try:
+        return figures.get(name)
+    except KeyError:
+        raise QueryError("figure", f"unknown figure {name!r}; one of {', '.join(figures.FIGURES)}") from None
+
+
+def check_group_by(figure: Figure, group_by: str | None) -> str:
+    group_by = group_by or FLEET
+    choices = figures.group_by_choices(figure)
+    if group_by not in choices:
+        if group_by == "length_bucket":
+            raise QueryError("group_by", f"{figure.name} comes from scraped histograms, which do not know "
+                                         "prompt lengths; use a client_* figure for length buckets")
+        raise QueryError("group_by", f"one of {', '.join(choices)}")
+    return group_by
+
+
+def check_selector(selector: Mapping[str, str] | None) -> dict[str, str]:
+    selector = dict(selector or {})
+    for key in selector:
+        if key not in SELECTOR_KEYS:
+            raise QueryError("selector", f"unknown label {key!r}; one of {', '.join(SELECTOR_KEYS)}")
+    return selector
+
+
+def parse_duration(text: str, field: str = "window") -> float:
+    """``300``, ``30s``, ``5m``, ``1h``, ``2d`` → seconds."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+    text = (text or "").strip()
+    try:
+        seconds = float(text[:-1]) * units[text[-1]] if text and text[-1] in units else float(text)
+    except (ValueError, IndexError):
+        raise QueryError(field, f"{text!r} is not a duration (e.g. 30s, 5m, 1h, 7d)") from None
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise QueryError(field, "must be a positive duration")
+    return seconds
+
+
+def objectives_now() -> Objectives:
+    row = ServiceObjectives.current()
+    return Objectives(row.ttft_seconds, row.tpot_seconds)
+
+
+# ---- public API ------------------------------------------------------------------
+
+
+def query(
+    figure: str,
+    window_seconds: float,
+    group_by: str | None = None,
+    selector: Mapping[str, str] | None = None,
+    now: datetime | None = None,
+    objectives: Objectives | None = None,
+) -> dict[str, float | None]:
+    """The figure over the window ending ``now``, per group."""
+    return query_many([figure], window_seconds, group_by, selector, now, objectives)[figure]
+
+
+def query_many(
+    names: Sequence[str],
+    window_seconds: float,
+    group_by: str | None = None,
+    selector: Mapping[str, str] | None = None,
+    now: datetime | None = None,
+    objectives: Objectives | None = None,
+) -> dict[str, dict[str, float | None]]:
+    """Several figures over one window, reading the stored data once."""
+    now = now or timezone.now()
+    window = _check_window(window_seconds)
+    points = np.array([now.timestamp()])
+    return {
+        name: {group: values[0] for group, values in series.items()}
+        for name, series in _evaluate(names, window, group_by, selector, points, objectives, dense=False).items()
+    }
+
+
+def query_range(
+    figure: str,
+    window_seconds: float,
+    group_by: str | None = None,
+    selector: Mapping[str, str] | None = None,
+    *,
+    start: datetime,
+    end: datetime,
+    step_seconds: float,
+    objectives: Objectives | None = None,
+) -> RangeResult:
+    """The figure at ``end``, ``end - step``, ... back to ``start``, each over
+    the window ending there."""
+    return query_range_many([figure], window_seconds, group_by, selector, start=start, end=end,
+                            step_seconds=step_seconds, objectives=objectives)[figure]
+
+
+def query_range_many(
+    names: Sequence[str],
+    window_seconds: float,
+    group_by: str | None = None,
+    selector: Mapping[str, str] | None = None,
+    *,
+    start: datetime,
+    end: datetime,
+    step_seconds: float,
+    objectives: Objectives | None = None,
+) -> dict[str, RangeResult]:
+    window = _check_window(window_seconds)
+    if step_seconds <= 0 or not math.isfinite(step_seconds):
+        raise QueryError("step", "must be a positive duration")
+    span = (end - start).total_seconds()
+    if span < 0:
+        raise QueryError("start", "must not be after end")
+    if span / step_seconds + 1 > MAX_RANGE_POINTS:
+        raise QueryError("step", f"at most {MAX_RANGE_POINTS} points; use a larger step")
+    count = int(span // step_seconds) + 1
+    points = end.timestamp() - step_seconds * np.arange(count)[::-1]
+    evaluated = _evaluate(names, window, group_by, selector, points, objectives, dense=True)
+    times = points.tolist()
+    return {name: RangeResult(times, series) for name, series in evaluated.items()}
+
+
+def group_of(labels: Mapping[str, str], group_by: str) -> str:
+    if group_by == FLEET:
+        return FLEET
+    if group_by == "pool":
+        return labels.get("pool") or NO_POOL
+    if group_by == "cohort":
+        return labels.get("cohort") or NO_COHORT
+    return labels.get(group_by, "")
+
+
+# ---- evaluation ------------------------------------------------------------------
+
+
+def _check_window(window_seconds: float) -> float:
+    if not (isinstance(window_seconds, (int, float)) and math.isfinite(window_seconds) and window_seconds > 0):
+        raise QueryError("window", "must be a positive duration")
+    if window_seconds > 14 * 86400:
+        raise QueryError("window", "at most 14 days (rollup retention)")
+    return float(window_seconds)
+
+
+def _evaluate(
+    names: Sequence[str],
+    window: float,
+    group_by: str | None,
+    selector: Mapping[str, str] | None,
+    points: Floats,
+    objectives: Objectives | None,
+    *,
+    dense: bool,
+) -> dict[str, dict[str, list[float | None]]]:
+    chosen = [figure_named(name) for name in names]
+    group_by_checked = {f.name: check_group_by(f, group_by) for f in chosen}
+    selector = check_selector(selector)
+    out: dict[str, dict[str, list[float | None]]] = {}
+
+    scrape = [f for f in chosen if f.source == "scrape"]
+    if scrape:
+        needs_peak = any(f.needs_peak_memory for f in scrape)
+        by = group_by_checked[scrape[0].name]
+        if not dense:
+            parts = [(points, _point_windows(points, window, selector, needs_peak))]
+        elif _dt(float(points[-1]) - window) >= timezone.now() - RAW_RETENTION + _RAW_MARGIN:
+            # The newest point from raw scrapes: the current minute's rollup is
+            # partial, and the live point must equal what the query API says.
+            parts = [(points[:-1], _dense_windows(points[:-1], window, selector, needs_peak) if len(points) > 1 else []),
+                     (points[-1:], _point_windows(points[-1:], window, selector, needs_peak))]
+        else:
+            parts = [(points, _dense_windows(points, window, selector, needs_peak))]
+        for f in scrape:
+            out[f.name] = _join_parts(f, parts, by)
+
+    requests = [f for f in chosen if f.source == "requests"]
+    if requests:
+        objectives = objectives or objectives_now()
+        rows_by_group = _request_rows(points, window, selector, group_by_checked[requests[0].name])
+        for f in requests:
+            out[f.name] = {
+                g: _clean(f.from_requests(rows, points, window, objectives)) for g, rows in sorted(rows_by_group.items())
+            }
+    return out
+
+
+def _join_parts(
+    f: Figure, parts: Sequence[tuple[Floats, list[TargetWindows]]], group_by: str
+) -> dict[str, list[float | None]]:
+    """The figure per group over consecutive runs of points, each run with
+    its own loaded windows; a group absent from a run has no data there."""
+    pieces: list[dict[str, list[float | None]]] = []
+    for part_points, loaded in parts:
+        grouped: dict[str, list[TargetWindows]] = defaultdict(list)
+        for tw in loaded:
+            grouped[group_of(tw.labels, group_by)].append(tw)
+        pieces.append({g: _clean(f.from_targets(tws, len(part_points))) for g, tws in grouped.items()})
+    out: dict[str, list[float | None]] = {}
+    groups = {g for piece in pieces for g in piece} | ({FLEET} if group_by == FLEET else set())
+    for group in sorted(groups):
+        out[group] = [
+            value
+            for (part_points, _), piece in zip(parts, pieces, strict=True)
+            for value in piece.get(group, [None] * len(part_points))
+        ]
+    return out
+
+
+def _clean(values: Floats) -> list[float | None]:
+    return [None if not math.isfinite(v) else float(v) for v in values]
+
+
+def _targets(start: float, end: float, selector: Mapping[str, str]) -> list[Target]:
+    filters = {f"{'worker_name' if k == 'worker' else k + '_name' if k == 'pool' else k}": v
+               for k, v in selector.items()}
+    return list(
+        Target.objects.filter(last_at__gt=_dt(start), first_at__lte=_dt(end), **filters).only(
+            "id", "worker_name", "pool_name", "cohort", "layout_id"
+        )
+    )
+
+
+def _dt(seconds: float) -> datetime:
+    return datetime.fromtimestamp(seconds, tz=UTC)
+
+
+class _Offsets:
+    """Each target's reset offsets as of a time (zeros before any reset)."""
+
+    def __init__(self, target_ids: Iterable[int], until: float):
+        self._by_target: dict[int, list[tuple[float, Floats]]] = defaultdict(list)
+        for target_id, ts, blob in (
+            CounterReset.objects.filter(target_id__in=list(target_ids), ts__lte=_dt(until))
+            .order_by("ts")
+            .values_list("target_id", "ts", "offsets")
+        ):
+            self._by_target[target_id].append((ts.timestamp(), unpack(blob)))
+
+    def at(self, target_id: int, times: Floats, width: int) -> Floats | None:
+        resets = self._by_target.get(target_id)
+        if not resets:
+            return None
+        out = np.zeros((len(times), width))
+        for ts, offsets in resets:
+            out[times >= ts] = offsets
+        return out
+
+
+def _point_windows(points: Floats, window: float, selector: Mapping[str, str], needs_peak: bool) -> list[TargetWindows]:
+    """One window (``points`` has one element) from first/last rows."""
+    end = float(points[-1])
+    start = end - window
+    targets = _targets(start, end, selector)
+    if not targets:
+        return []
+    ids = [t.pk for t in targets]
+    raw = _dt(start) >= timezone.now() - RAW_RETENTION + _RAW_MARGIN
+    if raw:
+        inside = Snapshot.objects.filter(target=OuterRef("pk"), ts__gt=_dt(start), ts__lte=_dt(end))
+        model: type[Snapshot] | type[Rollup] = Snapshot
+        time_field = "ts"
+    else:
+        inside = Rollup.objects.filter(
+            target=OuterRef("pk"), minute__gte=minute_of(_dt(start)), minute__lte=_dt(end),
+            last_ts__gt=_dt(start), last_ts__lte=_dt(end),
+        )
+        model = Rollup
+        time_field = "last_ts"
+    order = "ts" if raw else "minute"
+    ends = Target.objects.filter(pk__in=ids).annotate(
+        first_id=Subquery(inside.order_by(order).values("pk")[:1]),
+        last_id=Subquery(inside.order_by(f"-{order}").values("pk")[:1]),
+    ).values_list("pk", "first_id", "last_id")
+    wanted = {row_id for _, a, b in ends for row_id in (a, b) if row_id is not None}
+    rows = {
+        pk: (ts.timestamp(), seq, values)
+        for pk, ts, seq, values in model.objects.filter(pk__in=wanted).values_list("pk", time_field, "seq", "values")
+    }
+    peaks = _peak_memory(ids, start, end, raw) if needs_peak else {}
+    offsets = _Offsets(ids, end)
+    by_id = {t.pk: t for t in targets}
+    out = []
+    for target_id, first_id, last_id in ends:
+        t = by_id[target_id]
+        layout = SeriesLayout.layout_by_id(t.layout_id)
+        increases = np.full((1, len(layout)), np.nan)
+        if first_id is not None and last_id is not None and first_id != last_id:
+            (t0, seq0, blob0), (t1, seq1, blob1) = rows[first_id], rows[last_id]
+            first_totals, last_totals = unpack(blob0), unpack(blob1)
+            if len(first_totals) == len(last_totals) == len(layout) and t1 > t0:
+                first_offsets = offsets.at(target_id, np.array([t0]), len(layout))
+                first_raw = first_totals - (first_offsets[0] if first_offsets is not None else 0.0)
+                window_summary = promql.CounterWindow(t0, t1, seq1 - seq0 + 1, first_raw, last_totals - first_totals)
+                increases[0] = promql.extrapolated_increase(window_summary, start, end)
+        peak = peaks.get(target_id)
+        out.append(
+            TargetWindows(t.labels(), layout, increases, np.array([np.nan if peak is None else peak]), window)
+        )
+    return out
+
+
+def _peak_memory(ids: list[int], start: float, end: float, raw: bool) -> dict[int, float]:
+    """max_over_time of the peak gauge per target: whole minutes from rollups,
+    the partial minutes at the edges from raw scrapes."""
+    start_dt, end_dt = _dt(start), _dt(end)
+    first_whole = minute_of(start_dt) + timedelta(minutes=1)
+    last_whole_end = minute_of(end_dt)
+    peaks: dict[int, float] = {}
+
+    def merge(rows: Iterable[tuple[int, float | None]]) -> None:
+        for target_id, value in rows:
+            if value is not None and (target_id not in peaks or value > peaks[target_id]):
+                peaks[target_id] = value
+
+    if not raw:
+        merge(
+            Rollup.objects.filter(target_id__in=ids, minute__gte=minute_of(start_dt), minute__lte=end_dt)
+            .values("target_id").annotate(m=Max("peak_memory_bytes")).values_list("target_id", "m")
+        )
+        return peaks
+    if first_whole < last_whole_end:
+        merge(
+            Rollup.objects.filter(target_id__in=ids, minute__gte=first_whole, minute__lt=last_whole_end)
+            .values("target_id").annotate(m=Max("peak_memory_bytes")).values_list("target_id", "m")
+        )
+        edges = Q(ts__gt=start_dt, ts__lt=first_whole) | Q(ts__gte=last_whole_end, ts__lte=end_dt)
+    else:
+        edges = Q(ts__gt=start_dt, ts__lte=end_dt)
+    merge(
+        Snapshot.objects.filter(edges, target_id__in=ids)
+        .values("target_id").annotate(m=Max("peak_memory_bytes")).values_list("target_id", "m")
+    )
+    return peaks
+
+
+def _dense_windows(points: Floats, window: float, selector: Mapping[str, str], needs_peak: bool) -> list[TargetWindows]:
+    """Windows at many points from every minute rollup of the range."""
+    start, end = float(points[0]) - window, float(points[-1])
+    targets = _targets(start, end, selector)
+    if not targets:
+        return []
+    by_id = {t.pk: t for t in targets}
+    rows: dict[int, list[tuple[float, float | None, bytes]]] = defaultdict(list)
+    for target_id, last_ts, peak, blob in (
+        Rollup.objects.filter(target_id__in=list(by_id), minute__gte=minute_of(_dt(start)), minute__lte=_dt(end))
+        .order_by("target_id", "minute")
+        .values_list("target_id", "last_ts", "peak_memory_bytes", "values")
+    ):
+        rows[target_id].append((last_ts.timestamp(), peak, blob))
+    offsets = _Offsets(by_id, end)
+    out = []
+    for target_id, t in by_id.items():
+        layout = SeriesLayout.layout_by_id(t.layout_id)
+        target_rows = [r for r in rows.get(target_id, []) if start < r[0] <= end]
+        vectors = [unpack(blob) for _, _, blob in target_rows]
+        keep = [i for i, v in enumerate(vectors) if len(v) == len(layout)]
+        times = np.array([target_rows[i][0] for i in keep])
+        totals = np.vstack([vectors[i] for i in keep]) if keep else np.zeros((0, len(layout)))
+        windows = promql.range_windows(times, totals, offsets.at(target_id, times, len(layout)), points, window)
+        peak_values = np.array([np.nan if target_rows[i][1] is None else target_rows[i][1] for i in keep])
+        peak = promql.max_in_windows(peak_values, windows) if needs_peak else np.full(len(points), np.nan)
+        out.append(TargetWindows(t.labels(), layout, windows.increases, peak, window))
+    return out
+
+
+# ---- the gateway's request log -----------------------------------------------------------
+
+
+def _request_rows(
+    points: Floats, window: float, selector: Mapping[str, str], group_by: str
+) -> dict[str, RequestRows]:
+    from controlplane.gateway.models import RequestLog
+
+    start, end = float(points[0]) - window, float(points[-1])
+    qs = RequestLog.objects.filter(created_at__gt=_dt(start), created_at__lte=_dt(end))
+    for key, value in selector.items():
+        qs = qs.filter(**{"worker__name" if key == "worker" else "pool__name" if key == "pool" else "cohort": value})
+    columns = ["created_at", "status", "error", "ttft_seconds", "tpot_seconds", "max_gap_seconds", "e2e_seconds",
+               "prompt_tokens", "worker__name", "pool__name", "cohort"]
+    raw = list(qs.order_by("created_at").values_list(*columns))
+    if not raw and group_by != FLEET:
+        return {}
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, row in enumerate(raw):
+        prompt_tokens, worker, pool, cohort = row[7:]
+        if group_by == "length_bucket":
+            key = catalogue.length_bucket(prompt_tokens or 0)
+        else:
+            key = group_of({"worker": worker or "", "pool": pool or "", "cohort": cohort or ""}, group_by)
+        groups[key].append(i)
+    if group_by == FLEET:
+        groups.setdefault(FLEET, [])
+
+    def floats(index: int) -> Floats:
+        return np.array([np.nan if r[index] is None else r[index] for r in raw], dtype=np.float64)
+
+    all_rows = RequestRows(
+        created=np.array([r[0].timestamp() for r in raw], dtype=np.float64),
+        ok=np.array([is_ok(r[1], r[2]) for r in raw], dtype=bool),
+        failed=np.array([is_failed(r[1], r[2]) for r in raw], dtype=bool),
+        ttft=floats(3), tpot=floats(4), max_gap=floats(5), e2e=floats(6),
+    ) if raw else RequestRows.empty()
+    out = {}
+    for key, indices in groups.items():
+        mask = np.zeros(len(raw), dtype=bool)
+        mask[indices] = True
+        out[key] = all_rows.take(mask)
+    if group_by == "length_bucket":
+        out = {label: out[label] for label in catalogue.LENGTH_BUCKET_LABELS if label in out}
+    return out
+
+
+def is_ok(status: int, error: str) -> bool:
+    """Succeeded: HTTP 200 and no error mid-stream."""
+    return status == 200 and not error
+
+
+def is_failed(status: int, error: str) -> bool:
+    """The service's failure: 5xx, 429 (overload), or a 200 whose stream broke.
+    Other 4xx (bad input, the client went away) are the client's doing."""
+    return status >= 500 or status == 429 or (status == 200 and bool(error))

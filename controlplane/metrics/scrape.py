@@ -1,0 +1,283 @@
+"""The scraper: every ``SCRAPE_INTERVAL`` read each live worker's ``/metrics``
+and store one snapshot per worker.
+
+Phases, one ``now`` for the whole round (it is every sample's timestamp, as
+Prometheus stamps a target's samples with its scrape's start):
+
+1. Fetch. Every worker at once (asyncio + httpx), each bounded by the
+   scrape timeout, so one that hangs delays nobody and misses this round.
+2. Parse. Reduce each page to the kept series (``catalogue.parse``).
+3. Store, in one transaction holding the targets' row locks: fold each
+   vector into its target's running totals, write the snapshot, upsert the
+   minute rollup, record resets and every worker's scrape status (a worker
+   that did not answer is marked down with why).
+4. Tell the dashboards, after commit: one ``group_send`` per group.
+
+Safe to run twice at once: a target refuses a sample not newer than its last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+import httpx
+import numpy as np
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from controlplane.metrics import catalogue, live
+from controlplane.metrics.models import (
+    CounterReset,
+    Rollup,
+    ScrapeRound,
+    ScrapeStatus,
+    SeriesLayout,
+    Snapshot,
+    Target,
+    minute_of,
+    pack,
+    unpack,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_PAGE_BYTES = 8 * 1024 * 1024
+
+
+def scrape_timeout_seconds() -> float:
+    interval = float(settings.SCRAPE_INTERVAL)
+    return float(getattr(settings, "SCRAPE_TIMEOUT_SECONDS", 0) or max(0.5, min(interval * 0.8, 10.0)))
+
+
+@dataclass(frozen=True)
+class Job:
+    worker_id: int
+    worker_name: str
+    url: str  # the worker's base URL; /metrics is appended
+    pool_name: str
+    cohort: str
+
+
+@dataclass(frozen=True)
+class Fetched:
+    job: Job
+    text: str | None
+    error: str
+    duration_seconds: float
+
+
+# ---- 1. fetch ---------------------------------------------------------------------
+
+
+async def fetch_all(jobs: Sequence[Job], timeout_seconds: float) -> list[Fetched]:
+    limits = httpx.Limits(max_connections=max(len(jobs), 1), max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=timeout_seconds, limits=limits, follow_redirects=False) as client:
+
+        async def one(job: Job) -> Fetched:
+            started = time.monotonic()
+            try:
+                response = await asyncio.wait_for(
+                    client.get(job.url.rstrip("/") + "/metrics", headers={"Accept": "text/plain"}), timeout_seconds
+                )
+                if response.status_code != 200:
+                    raise RuntimeError(f"HTTP {response.status_code}")
+                if len(response.content) > MAX_PAGE_BYTES:
+                    raise RuntimeError("page too large")
+                return Fetched(job, response.text, "", time.monotonic() - started)
+            except TimeoutError:
+                return Fetched(job, None, f"timed out after {timeout_seconds:g}s", time.monotonic() - started)
+            except Exception as exc:  # any failure is this worker's, not the round's
+                message = str(exc) or type(exc).__name__
+                return Fetched(job, None, message[:300], time.monotonic() - started)
+
+        return list(await asyncio.gather(*(one(job) for job in jobs)))
+
+
+# ---- the round ----------------------------------------------------------------------
+
+
+def jobs_for_fleet() -> list[Job]:
+    """Every worker that should answer: ready, draining or applying a profile
+    (its server stays up meanwhile). Lost workers are left to the health sweep."""
+    from controlplane.fleet.health import State
+    from controlplane.fleet.models import Worker
+
+    cohorts = cohorts_by_pool()
+    workers = Worker.objects.filter(state__in=[State.READY, State.DRAINING, State.APPLYING]).select_related("pool")
+    return [
+        Job(w.pk, w.name, w.url, w.pool.name if w.pool else "", cohorts.get(w.pool_id, "") if w.pool_id else "")
+        for w in workers
+    ]
+
+
+def cohorts_by_pool() -> dict[int, str]:
+    """A pool's cohort is its role in the routing table (stable, canary, baseline)."""
+    from controlplane.gateway.models import RoutingPool
+
+    out: dict[int, str] = {}
+    for pool_id, role in RoutingPool.objects.order_by("table_id").values_list("pool_id", "role"):
+        out.setdefault(pool_id, role)
+    return out
+
+
+def scrape_fleet(now: datetime | None = None, jobs: Sequence[Job] | None = None) -> ScrapeRound:
+    now = now or timezone.now()
+    jobs = jobs_for_fleet() if jobs is None else list(jobs)
+    scrape_round = ScrapeRound.objects.create(started_at=now, num_targets=len(jobs))
+    fetched = asyncio.run(fetch_all(jobs, scrape_timeout_seconds())) if jobs else []
+    parsed: list[tuple[Fetched, catalogue.Scrape | None, str]] = []
+    for f in fetched:
+        if f.text is None:
+            parsed.append((f, None, f.error))
+            continue
+        try:
+            parsed.append((f, catalogue.parse(f.text), ""))
+        except Exception as exc:  # a garbled page marks that worker down
+            parsed.append((f, None, f"unparsable metrics: {exc}"[:300]))
+    num_failed = record(now, parsed)
+    scrape_round.finished_at = timezone.now()
+    scrape_round.num_failed = num_failed
+    scrape_round.save(update_fields=["finished_at", "num_failed"])
+    worker_ids = [f.job.worker_id for f in fetched]
+    transaction.on_commit(lambda: live.notify_scraped(now, worker_ids))
+    return scrape_round
+
+
+# ---- 3. store -----------------------------------------------------------------------
+
+
+def record(now: datetime, parsed: Sequence[tuple[Fetched, catalogue.Scrape | None, str]]) -> int:
+    """Store one round. Returns how many workers failed to answer."""
+    layouts: dict[str, SeriesLayout] = {}
+    for _, scrape, _ in parsed:
+        if scrape is not None and scrape.layout.digest not in layouts:
+            layouts[scrape.layout.digest] = SeriesLayout.for_layout(scrape.layout)
+
+    from controlplane.fleet.models import Worker
+
+    with transaction.atomic():
+        # A worker deleted while we fetched is gone from the round.
+        alive = set(Worker.objects.filter(pk__in=[f.job.worker_id for f, _, _ in parsed]).values_list("pk", flat=True))
+        parsed = [p for p in parsed if p[0].job.worker_id in alive]
+        ok = [(f, s) for f, s, _ in parsed if s is not None]
+        targets = _lock_targets(now, [(f.job, layouts[s.layout.digest]) for f, s in ok])
+        snapshots: list[Snapshot] = []
+        rollups: list[Rollup] = []
+        resets: list[CounterReset] = []
+        changed: list[Target] = []
+        for (_, scrape), target in zip(ok, targets, strict=True):
+            if target.num_samples and target.last_at >= now:
+                continue  # another round already stored a later sample
+            layout = scrape.layout
+            previous = unpack(target.last_raw) if target.num_samples else None
+            offsets = unpack(target.offsets) if target.num_samples else None
+            if previous is not None and len(previous) != len(layout):
+                previous = offsets = None
+            folded = catalogue.fold(previous, offsets, scrape.values, layout.is_counter)
+            if folded.reset:
+                resets.append(CounterReset(target=target, ts=now, offsets=pack(folded.offsets)))
+            peak = _finite(scrape.values[layout.index[catalogue.PEAK_MEMORY]])
+            target.num_samples += 1
+            snapshots.append(
+                Snapshot(target=target, ts=now, seq=target.num_samples, peak_memory_bytes=peak, values=pack(folded.totals))
+            )
+            minute = minute_of(now)
+            if target.rollup_minute != minute:
+                target.num_rollups += 1
+                target.rollup_minute = minute
+                target.rollup_peak_bytes = peak
+                target.rollup_num_samples = 1
+            else:
+                target.rollup_num_samples += 1
+                if peak is not None:
+                    target.rollup_peak_bytes = peak if target.rollup_peak_bytes is None else max(target.rollup_peak_bytes, peak)
+            rollups.append(
+                Rollup(
+                    target=target, minute=minute, last_ts=now, seq=target.num_rollups,
+                    num_samples=min(target.rollup_num_samples, 32767), peak_memory_bytes=target.rollup_peak_bytes,
+                    values=pack(folded.totals),
+                )
+            )
+            target.last_raw = pack(scrape.values)
+            target.offsets = pack(folded.offsets)
+            target.last_at = now
+            changed.append(target)
+        Snapshot.objects.bulk_create(snapshots)
+        Rollup.objects.bulk_create(
+            rollups, update_conflicts=True, unique_fields=["target", "minute"],
+            update_fields=["last_ts", "num_samples", "peak_memory_bytes", "values"],
+        )
+        CounterReset.objects.bulk_create(resets)
+        Target.objects.bulk_update(
+            changed,
+            ["num_samples", "num_rollups", "rollup_minute", "rollup_peak_bytes", "rollup_num_samples",
+             "last_raw", "offsets", "last_at"],
+        )
+        return _record_status(now, parsed)
+
+
+def _finite(value: float) -> float | None:
+    return float(value) if math.isfinite(value) else None
+
+
+def _lock_targets(now: datetime, wanted: Sequence[tuple[Job, SeriesLayout]]) -> list[Target]:
+    """The target of each (job, layout), created when new, row-locked in id order."""
+    names = sorted({job.worker_name for job, _ in wanted})
+    def identity(t: Target) -> tuple[str, str, str, int]:
+        return (t.worker_name, t.pool_name, t.cohort, t.layout_id)
+
+    existing = {identity(t): t for t in Target.objects.select_for_update().filter(worker_name__in=names).order_by("pk")}
+    missing = []
+    for job, layout in wanted:
+        key = (job.worker_name, job.pool_name, job.cohort, layout.pk)
+        if key not in existing:
+            empty = pack(np.zeros(0))
+            t = Target(
+                worker_id=job.worker_id, worker_name=job.worker_name, pool_name=job.pool_name, cohort=job.cohort,
+                layout=layout, first_at=now, last_at=now, last_raw=empty, offsets=empty,
+            )
+            existing[key] = t
+            missing.append(t)
+    if missing:
+        # Another round may create the same target meanwhile: take theirs.
+        Target.objects.bulk_create(missing, ignore_conflicts=True)
+        fresh = Target.objects.select_for_update().filter(worker_name__in=[t.worker_name for t in missing])
+        for t in fresh:
+            existing[identity(t)] = t
+    return [existing[(job.worker_name, job.pool_name, job.cohort, layout.pk)] for job, layout in wanted]
+
+
+def _record_status(now: datetime, parsed: Sequence[tuple[Fetched, catalogue.Scrape | None, str]]) -> int:
+    previous = {
+        s.worker_id: s for s in ScrapeStatus.objects.filter(worker_id__in=[f.job.worker_id for f, _, _ in parsed])
+    }
+    rows = []
+    num_failed = 0
+    for f, scrape, error in parsed:
+        old = previous.get(f.job.worker_id)
+        up = scrape is not None
+        num_failed += not up
+        rows.append(
+            ScrapeStatus(
+                worker_id=f.job.worker_id,
+                up=up,
+                last_attempt_at=now,
+                last_success_at=now if up else (old.last_success_at if old else None),
+                last_duration_seconds=f.duration_seconds,
+                last_error="" if up else error,
+                num_consecutive_failures=0 if up else (old.num_consecutive_failures if old else 0) + 1,
+            )
+        )
+    ScrapeStatus.objects.bulk_create(
+        rows, update_conflicts=True, unique_fields=["worker"],
+        update_fields=["up", "last_attempt_at", "last_success_at", "last_duration_seconds", "last_error",
+                       "num_consecutive_failures"],
+    )
+    return num_failed

@@ -1,0 +1,223 @@
+"""Figures over stored scrapes and the gateway's log, against hand-computed values.
+
+Scrapes are stored through the scraper's own ``record`` (so totals, resets
+and rollups are the real ones); the pages are built from plain numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import time_machine
+
+from controlplane.fleet.models import Pool, Worker
+from controlplane.metrics import promql, query
+from controlplane.metrics.figures import Objectives
+from controlplane.metrics.models import CounterReset, Rollup, ScrapeStatus, Snapshot, Target
+from tests.controlplane.metrics.pages import Page, job, store
+
+pytestmark = pytest.mark.django_db
+
+T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
+TTFT = "vllm:time_to_first_token_seconds"
+INF = math.inf
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def clock():
+    with time_machine.travel(at(3600), tick=False) as traveller:
+        yield traveller
+
+
+def worker(name: str, pool: str) -> Worker:
+    p, _ = Pool.objects.get_or_create(name=pool)
+    return Worker.objects.create(name=name, url=f"http://{name}.invalid:8000", pool=p)
+
+
+def ttft_page(n: int, *, slow: bool, base: float = 1000.0) -> Page:
+    """After n scrapes: 10 requests per scrape; a slow worker puts one of them in (0.5, 1]."""
+    fast = base + (9 if slow else 10) * n
+    total = base + 10 * n
+    return Page(histograms={TTFT: ([(0.1, fast), (0.5, fast), (1.0, total), (INF, total)], 0.05 * total)})
+
+
+def test_ttft_p99_by_cohort_sums_buckets_within_each_cohort(clock) -> None:
+    canary, stable = worker("c1", "canary-pool"), worker("s1", "stable-pool")
+    jobs = {"canary": job(canary, "canary"), "stable": job(stable, "stable")}
+    for i in range(1, 13):  # scrapes at 5..60 s
+        store(at(5 * i), {jobs["canary"]: ttft_page(i, slow=True), jobs["stable"]: ttft_page(i, slow=False)})
+
+    by_cohort = query.query("ttft_p99", 60, "cohort", now=at(60))
+    # canary: increases le0.1 = le0.5 = 99, le1 = +Inf = 110 (all scaled by the
+    # same 60/55 extrapolation, which a quantile ignores). rank 0.99 x 110 =
+    # 108.9, 9.9 into (0.5, 1] holding 11: 0.5 + 0.5 x 9.9/11 = 0.95.
+    assert by_cohort["canary"] == pytest.approx(0.95)
+    # stable: all 110 in (0, 0.1]: 0.1 x 108.9/110.
+    assert by_cohort["stable"] == pytest.approx(0.099)
+    # fleet: 209, 209, 220, 220: rank 217.8, 8.8 into (0.5, 1] of 11: 0.9.
+    assert query.query("ttft_p99", 60, now=at(60)) == {"fleet": pytest.approx(0.9)}
+    assert query.query("ttft_p99", 60, "pool", {"cohort": "canary"}, now=at(60)) == {
+        "canary-pool": pytest.approx(0.95)
+    }
+
+
+def test_counter_reset_in_the_window_counts_like_prometheus(clock) -> None:
+    w = worker("w1", "p")
+    raw = [50, 60, 70, 80, 90, 5, 15, 25, 35, 45, 55, 65]  # the worker restarts after the 5th scrape
+    for i, value in enumerate(raw, start=1):
+        store(at(5 * i), {job(w): Page(counters={"vllm:request_success_total": value})})
+    got = query.query("requests_per_second", 60, now=at(60))["fleet"]
+    # 65 - 50 + 90 = 105 over 55 s, extrapolated 5 s back (zero point 26 s): 105 x 60/55, per 60 s.
+    assert got == pytest.approx(105 * 60 / 55 / 60)
+    assert got == pytest.approx(promql.rate([(5.0 * i, v) for i, v in enumerate(raw, 1)], 0, 60))
+    assert CounterReset.objects.count() == 1
+
+
+def test_reset_just_before_the_window_uses_the_raw_value_for_the_zero_point(clock) -> None:
+    # 500 at t=0 (on the window's open edge), restart, then 2, 12, ..., 112.
+    w = worker("w1", "p")
+    samples = [(0.0, 500.0)] + [(5.0 * i, 2.0 + 10 * (i - 1)) for i in range(1, 13)]
+    for t, value in samples:
+        store(at(t), {job(w): Page(counters={"vllm:request_success_total": value})})
+    # Inside (0, 60]: 2 .. 112, increase 110 over 55 s. The raw first value 2
+    # puts the zero point 55 x 2/110 = 1 s back: 110 x 56/55 (stored totals
+    # would say 502 and extrapolate the full 5 s).
+    got = query.query("requests_per_second", 60, now=at(60))["fleet"]
+    assert got == pytest.approx(110 * 56 / 55 / 60)
+    assert got == pytest.approx(promql.rate(samples, 0, 60))
+
+
+def test_window_with_one_scrape_is_no_data_and_a_flat_counter_is_zero(clock) -> None:
+    busy, idle, late = worker("busy", "p"), worker("idle", "p"), worker("late", "p")
+    for i in range(1, 13):
+        pages = {job(busy): Page(counters={"vllm:num_preemptions_total": 7.0}),
+                 job(idle): Page(counters={"vllm:num_preemptions_total": 3.0})}
+        if i == 12:
+            pages[job(late)] = Page(counters={"vllm:num_preemptions_total": 1.0})
+        store(at(5 * i), pages)
+    got = query.query("preemptions_per_second", 60, "worker", now=at(60))
+    assert got == {"busy": 0.0, "idle": 0.0, "late": None}
+    # Nobody scraped in the window at all: no groups, and the fleet is no data.
+    assert query.query("preemptions_per_second", 60, "worker", now=at(600)) == {}
+    assert query.query("ttft_p99", 60, now=at(60)) == {"fleet": None}  # no observations: no data
+
+
+def test_memory_peak_to_mean_and_kv_fragmentation_over_five_minutes(clock) -> None:
+    w = worker("w1", "p")
+    for i in range(0, 61):  # 0..300 s; the scrape at 0 sits on the open edge
+        peak = 9999.0 if i == 0 else (800.0 if i == 30 else 300.0 + (i % 3) * 100)  # 800 at 150 s: an inner minute
+        store(at(5 * i), {job(w): Page(
+            counters={"chunkpilot:memory_byte_seconds_total": 1e6 + 2000.0 * i,  # 400 bytes held on average
+                      "chunkpilot:kv_fragmentation_ratio_seconds_total": 100 + 1.25 * i},  # 0.25
+            gauges={"chunkpilot:memory_recent_peak_bytes": peak},
+        )})
+    got = query.query_many(["memory_peak_to_mean", "kv_fragmentation"], 300, now=at(300))
+    assert got["memory_peak_to_mean"]["fleet"] == pytest.approx(800 / 400)
+    assert got["kv_fragmentation"]["fleet"] == pytest.approx(0.25)
+    # Only the last minute: peaks 300..500 there, no 800.
+    assert query.query("memory_peak_to_mean", 60, now=at(300))["fleet"] == pytest.approx(500 / 400)
+
+
+def test_time_series_from_minute_rollups_agree_with_the_one_window_query(clock) -> None:
+    w = worker("w1", "p")
+    for i in range(1, 12 * 15 + 1):  # 15 minutes, steady 2 requests/s
+        store(at(5 * i), {job(w): Page(counters={"vllm:request_success_total": 100 + 10.0 * i})})
+    end = at(15 * 60)
+    series = query.query_range("requests_per_second", 300, start=end - timedelta(minutes=9), end=end, step_seconds=60)
+    assert len(series.times) == 10 and series.times[-1] == end.timestamp()
+    assert series.series["fleet"] == [pytest.approx(2.0)] * 10
+    assert query.query("requests_per_second", 300, now=end)["fleet"] == pytest.approx(2.0)
+    assert Rollup.objects.count() == 16 and Snapshot.objects.count() == 180  # 12:00 .. 12:15
+    # Before the first scrape the series has no data, not zeros.
+    early = query.query_range("requests_per_second", 60, start=at(-120), end=at(0), step_seconds=60)
+    assert early.series == {"fleet": [None, None, None]}
+
+
+def test_a_worker_that_does_not_answer_is_marked_down_and_the_rest_are_stored(clock) -> None:
+    up, down = worker("up", "p"), worker("down", "p")
+    assert store(at(5), {job(up): Page(counters={"vllm:request_success_total": 1}), job(down): None}) == 1
+    assert store(at(10), {job(up): Page(counters={"vllm:request_success_total": 2}), job(down): None}) == 1
+    status = {s.worker.name: s for s in ScrapeStatus.objects.select_related("worker")}
+    assert status["up"].up and status["up"].last_success_at == at(10)
+    assert not status["down"].up and status["down"].num_consecutive_failures == 2
+    assert status["down"].last_error == "connection refused"
+    assert list(Target.objects.values_list("worker_name", flat=True)) == ["up"]
+
+
+def test_moving_to_another_cohort_starts_new_series(clock) -> None:
+    w = worker("w1", "p")
+    for i in range(1, 13):
+        store(at(5 * i), {job(w, "canary" if i <= 6 else "stable"): Page(counters={"vllm:request_success_total": 10.0 * i})})
+    got = query.query("requests_per_second", 60, "cohort", now=at(60))
+    # Each cohort's series has 6 samples 25 s apart and is extrapolated by half an interval at its open end.
+    assert set(got) == {"canary", "stable"}
+    assert got["canary"] == pytest.approx(promql.rate([(5.0 * i, 10.0 * i) for i in range(1, 7)], 0, 60))
+    assert got["stable"] == pytest.approx(promql.rate([(5.0 * i, 10.0 * i) for i in range(7, 13)], 0, 60))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"figure": "ttft_p100"}, "figure"),
+        ({"figure": "ttft_p99", "group_by": "region"}, "group_by"),
+        ({"figure": "ttft_p99", "group_by": "length_bucket"}, "group_by"),
+        ({"figure": "ttft_p99", "window_seconds": -5}, "window"),
+        ({"figure": "ttft_p99", "selector": {"zone": "a"}}, "selector"),
+    ],
+)
+def test_bad_input_names_the_parameter(kwargs, field) -> None:
+    args = {"window_seconds": 60, **kwargs}
+    with pytest.raises(query.QueryError) as caught:
+        query.query(args.pop("figure"), args.pop("window_seconds"), **args)
+    assert caught.value.field == field
+
+
+# ---- the gateway's request log --------------------------------------------------------
+
+
+def log_request(created: datetime, *, prompt_tokens: int, ttft: float | None, tpot: float | None = 0.05,
+                status: int = 200, error: str = "", cohort: str = "stable", w: Worker | None = None):
+    from controlplane.gateway.models import RequestLog
+
+    return RequestLog.objects.create(
+        request_id=f"r{RequestLog.objects.count()}", created_at=created, model="tiny", cohort=cohort,
+        pool=w.pool if w else None, worker=w, prompt_tokens=prompt_tokens, output_tokens=10,
+        ttft_seconds=ttft, max_gap_seconds=(ttft or 0) / 2, tpot_seconds=tpot, e2e_seconds=(ttft or 0) + 1,
+        status=status, error=error, stream=True,
+    )
+
+
+def test_exact_percentiles_per_prompt_length_bucket(clock) -> None:
+    w = worker("w1", "p")
+    for i in range(1, 101):
+        log_request(at(i * 0.5), prompt_tokens=100, ttft=i / 100, w=w)  # ≤512: ttft 0.01 .. 1.00
+    for i in range(1, 5):
+        log_request(at(i), prompt_tokens=4000, ttft=float(i), w=w)  # ≤8K: 1, 2, 3, 4
+    log_request(at(10), prompt_tokens=40000, ttft=9.0, status=503, error="worker gone", w=w)  # >32K, failed
+    log_request(at(-30), prompt_tokens=100, ttft=50.0, w=w)  # before the window
+    got = query.query("client_ttft_p99", 60, "length_bucket", now=at(60))
+    # ≤512: rank 0.99 x 99 = 98.01 between 0.99 and 1.00. ≤8K: rank 2.97 between 3 and 4.
+    assert got == {"≤512": pytest.approx(0.9901), "≤8K": pytest.approx(3.97), ">32K": None}
+    counts = query.query("request_count", 60, "length_bucket", now=at(60))
+    assert counts == {"≤512": 100.0, "≤8K": 4.0, ">32K": 1.0}
+
+
+def test_goodput_counts_requests_meeting_both_objectives(clock) -> None:
+    log_request(at(1), prompt_tokens=10, ttft=0.5, tpot=0.05)  # good
+    log_request(at(2), prompt_tokens=10, ttft=0.5, tpot=None)  # one token: good
+    log_request(at(3), prompt_tokens=10, ttft=3.0, tpot=0.05)  # TTFT missed
+    log_request(at(4), prompt_tokens=10, ttft=0.5, tpot=0.5)  # TPOT missed
+    log_request(at(5), prompt_tokens=10, ttft=0.1, status=500, error="boom")  # failed
+    log_request(at(6), prompt_tokens=10, ttft=None, status=400, error="bad request")  # the client's fault
+    objectives = Objectives(ttft_seconds=1.0, tpot_seconds=0.1)
+    got = query.query_many(["goodput", "goodput_ratio", "error_rate"], 60, now=at(60), objectives=objectives)
+    assert got["goodput"] == {"fleet": pytest.approx(2 / 60)}
+    assert got["goodput_ratio"] == {"fleet": pytest.approx(2 / 6)}
+    assert got["error_rate"] == {"fleet": pytest.approx(1 / 6)}
+    assert query.query("goodput_ratio", 60, now=at(600)) == {"fleet": None}
