@@ -116,6 +116,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "dashboards.access.role_context",
             ],
         },
     },
@@ -158,7 +159,13 @@ else:
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "prefix": env_str("CHANNELS_PREFIX", "chunkpilot")},
+        # redis-py 8 defaults socket_timeout to 5 s, which aborts the layer's
+        # blocking BZPOPMIN (itself 5 s) and tears every websocket down
+        # (django/channels_redis#422): give reads a longer timeout.
+        "CONFIG": {
+            "hosts": [{"address": REDIS_URL, "socket_timeout": 15}],
+            "prefix": env_str("CHANNELS_PREFIX", "chunkpilot"),
+        },
     }
 }
 

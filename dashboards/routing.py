@@ -1,5 +1,9 @@
 """Websocket routes, one Channels consumer per live view."""
 
-from django.urls import URLPattern
+from django.urls import URLPattern, path
 
-websocket_urlpatterns: list[URLPattern] = []
+from dashboards.consumers import FleetConsumer
+
+websocket_urlpatterns: list[URLPattern] = [
+    path("ws/fleet/", FleetConsumer.as_asgi(), name="ws-fleet"),
+]

@@ -16,7 +16,13 @@ from django.db import transaction
 from django.db.models import Count, QuerySet
 from django.utils import timezone
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
-from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field, extend_schema_view, inline_serializer
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    extend_schema,
+    extend_schema_field,
+    extend_schema_view,
+    inline_serializer,
+)
 from rest_framework import exceptions, mixins, serializers, status, viewsets
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.decorators import action
@@ -25,11 +31,16 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane import audit
 from controlplane.accounts.roles import Role
 from controlplane.audit.api import AuditedMixin, AuditedModelViewSet
 from controlplane.fleet.health import State
-from controlplane.fleet.models import EnrollmentRefused, EnrollmentToken, Pool, Worker, heartbeat_interval_seconds
+from controlplane.fleet.models import (
+    EnrollmentRefused,
+    EnrollmentToken,
+    Pool,
+    Worker,
+    heartbeat_interval_seconds,
+)
 from controlplane.profiles.models import ProfileRevision
 from workers import contract
 
@@ -257,43 +268,35 @@ class WorkerViewSet(
         return qs
 
     def audit_snapshot(self, obj: Worker) -> dict[str, Any]:
-        data = audit.snapshot(obj, fields=[
-            "name", "url", "pool", "labels", "engine_kind", "state", "cordoned", "drain_requested",
-            "desired_revision", "running_revision", "drift_since",
-        ])
-        data["state"] = State(obj.state).label
-        return data
+        return obj.audit_state()
 
-    def _flag(self, request: Request, verb: str, **flags: bool) -> Response:
+    def _flag(self, request: Request, verb: str) -> Response:
         worker = self.get_object()
-        with transaction.atomic():
-            before = self.audit_snapshot(worker)
-            worker.set_flags(**flags)
-            self.audit(verb, worker, before, self.audit_snapshot(worker))
+        worker.flag_action(verb, request.user)
         return Response(self.get_serializer(worker).data)
 
     @extend_schema(request=None, responses=WorkerSerializer)
     @action(detail=True, methods=["post"])
     def drain(self, request: Request, pk: str | None = None) -> Response:
         """Tell the worker to stop admitting and finish what it runs (and cordon it)."""
-        return self._flag(request, "drain", drain_requested=True)
+        return self._flag(request, "drain")
 
     @extend_schema(request=None, responses=WorkerSerializer)
     @action(detail=True, methods=["post"])
     def undrain(self, request: Request, pk: str | None = None) -> Response:
         """Let it admit again; it stays cordoned until uncordoned."""
-        return self._flag(request, "undrain", drain_requested=False)
+        return self._flag(request, "undrain")
 
     @extend_schema(request=None, responses=WorkerSerializer)
     @action(detail=True, methods=["post"])
     def cordon(self, request: Request, pk: str | None = None) -> Response:
         """The gateway sends it no new requests; it keeps serving what it has."""
-        return self._flag(request, "cordon", cordoned=True)
+        return self._flag(request, "cordon")
 
     @extend_schema(request=None, responses=WorkerSerializer)
     @action(detail=True, methods=["post"])
     def uncordon(self, request: Request, pk: str | None = None) -> Response:
-        return self._flag(request, "uncordon", cordoned=False, drain_requested=False)
+        return self._flag(request, "uncordon")
 
     def perform_destroy(self, instance: Worker) -> None:
         from controlplane.fleet import events

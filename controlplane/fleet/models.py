@@ -26,7 +26,14 @@ from django.utils import timezone
 
 from controlplane import audit
 from controlplane.fleet import events
-from controlplane.fleet.health import AGENT_STATE_MAP, State, Thresholds, drift_since, is_drifting, liveness
+from controlplane.fleet.health import (
+    AGENT_STATE_MAP,
+    State,
+    Thresholds,
+    drift_since,
+    is_drifting,
+    liveness,
+)
 from controlplane.profiles.models import ENGINE_KIND_CHOICES, ProfileRevision
 from workers.contract import HeartbeatReply, HeartbeatRequest, ProfileRef, RegisterRequest
 
@@ -34,6 +41,18 @@ if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
 
 STATE_CHOICES = [(state.value, state.label) for state in State]
+# Operator actions on a worker: the flags each sets. Buttons only set flags;
+# the agent (drain) and the gateway (cordon) act on them.
+FLAG_ACTIONS: dict[str, dict[str, bool]] = {
+    "drain": {"drain_requested": True},
+    "undrain": {"drain_requested": False},
+    "cordon": {"cordoned": True},
+    "uncordon": {"cordoned": False, "drain_requested": False},
+}
+AUDITED_WORKER_FIELDS = [
+    "name", "url", "pool", "labels", "engine_kind", "state", "cordoned", "drain_requested",
+    "desired_revision", "running_revision", "drift_since",
+]
 ENROLLMENT_TOKEN_PREFIX = "cpe_"
 WORKER_SECRET_PREFIX = "cpw_"
 
@@ -341,7 +360,20 @@ class Worker(models.Model):
             heartbeat_interval_seconds=heartbeat_interval_seconds(),
         )
 
-    # ---- operator actions (callers write the audit row) ---------------
+    # ---- operator actions ---------------------------------------------
+    def audit_state(self) -> dict[str, Any]:
+        """What an audit row records of a worker (never its secret)."""
+        data = audit.snapshot(self, fields=AUDITED_WORKER_FIELDS)
+        data["state"] = State(self.state).label
+        return data
+
+    def flag_action(self, verb: str, actor: Any) -> None:
+        """Run one of FLAG_ACTIONS for ``actor`` and write its audit row."""
+        with transaction.atomic():
+            before = self.audit_state()
+            self.set_flags(**FLAG_ACTIONS[verb])
+            audit.record(actor, f"worker.{verb}", self, before, self.audit_state())
+
     def set_flags(self, **flags: bool) -> None:
         """cordoned / drain_requested. Draining implies cordoned: a worker
         told to stop admitting must not be sent new requests meanwhile."""

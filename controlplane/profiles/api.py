@@ -24,7 +24,6 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from controlplane import audit
 from controlplane.audit.api import AuditedModelViewSet
 from controlplane.profiles.models import Profile, ProfileRevision, diff_revisions
 from workers.profile import EngineProfile, profile_errors
@@ -130,11 +129,7 @@ class ProfileViewSet(AuditedModelViewSet):
         return Profile.objects.annotate(num_revisions=Count("revisions"))
 
     def audit_snapshot(self, obj: Profile) -> dict[str, Any]:
-        data = audit.snapshot(obj)
-        latest = obj.latest_revision()
-        data["revision"] = latest.revision if latest else None
-        data["fields"] = latest.fields if latest else None
-        return data
+        return obj.audit_state()
 
     @extend_schema(responses=RevisionSerializer(many=True))
     @action(detail=True, methods=["get"])

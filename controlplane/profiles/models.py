@@ -43,6 +43,17 @@ class Profile(models.Model):
     def latest_revision(self) -> ProfileRevision | None:
         return self.revisions.order_by("-revision").first()
 
+    def audit_state(self) -> dict[str, Any]:
+        """What an audit row records of a profile: its row and latest knobs."""
+        from controlplane import audit
+
+        latest = self.latest_revision()
+        return {
+            **audit.snapshot(self),
+            "revision": latest.revision if latest else None,
+            "fields": latest.fields if latest else None,
+        }
+
     def max_model_len_in_use(self) -> int | None:
         """The longest model among workers that run or are meant to run any
         revision of this profile: an edit must stay valid for them."""
