@@ -100,12 +100,15 @@ class EngineHost:
 
     # ---- lifecycle -------------------------------------------------------------
     async def start(self) -> None:
-        try:
-            self.engine = await self._start_engine(self.running.profile)
-        except Exception as exc:
-            self.load_error = f"{type(exc).__name__}: {exc}"
-            raise
-        self._engine_ready(self.running)
+        # Under the apply lock: a profile the agent hears of while the first
+        # engine loads waits for it rather than building a second one beside it.
+        async with self._apply_lock:
+            try:
+                self.engine = await self._start_engine(self.running.profile)
+            except Exception as exc:
+                self.load_error = f"{type(exc).__name__}: {exc}"
+                raise
+            self._engine_ready(self.running)
 
     async def shutdown(self) -> None:
         self._set_state(DRAINING)
@@ -227,6 +230,7 @@ class EngineHost:
                 self._engine_ready(previous)
                 raise ApplyError(self.last_apply_error) from exc
             self.last_apply_error = None
+            self.load_error = None
             self._engine_ready(target)
             log.info(
                 "applied profile %s r%s in %.1f s", target.name, target.revision, time.monotonic() - started

@@ -187,8 +187,20 @@ class VLLMEngine:
         from workers.vllm_backend.probe import VLLMProbe
 
         log.info("vLLM engine: %s", " ".join(cli_flags_for(self.engine_kwargs)))
-        self._llm = LLMEngine.from_engine_args(EngineArgs(**self.engine_kwargs), enable_multiprocessing=False)
-        self._probe = VLLMProbe(self._llm)
+        try:
+            self._llm = LLMEngine.from_engine_args(EngineArgs(**self.engine_kwargs), enable_multiprocessing=False)
+            self._probe = VLLMProbe(self._llm)
+        except BaseException:
+            # A build that failed after vLLM set up its process groups would
+            # make every later build in this process fail ("already
+            # initialized"): tear them down so the last profile can come back.
+            from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+            if self._llm is not None:
+                self._llm.engine_core.shutdown()
+                self._llm = None
+            cleanup_dist_env_and_memory()
+            raise
         self._tokenizer = self._llm.get_tokenizer()
         model_config = self._llm.model_config
         self._hf_config = model_config.hf_text_config
