@@ -200,6 +200,23 @@ def plan(
 # ---- the client ------------------------------------------------------------------
 
 
+async def _sse_events(response: httpx.Response) -> Any:
+    """The JSON events of an SSE body, up to ``[DONE]``. Splits raw bytes
+    itself: at thousands of events a second the client's own cost shows in
+    what it measures."""
+    buffer = b""
+    async for data in response.aiter_bytes():
+        buffer += data
+        while (end := buffer.find(b"\n\n")) >= 0:
+            event, buffer = buffer[:end], buffer[end + 2 :]
+            if not event.startswith(b"data: "):
+                continue
+            payload = event[6:]
+            if payload == b"[DONE]":
+                return
+            yield json.loads(payload)
+
+
 class Client:
     """Streams one planned request and times it."""
 
@@ -272,14 +289,8 @@ class Client:
                     raw = await response.aread()
                     record.error = raw.decode(errors="replace")[:300]
                     return record
-                async for line in response.aiter_lines():
-                    if not line.startswith("data: "):
-                        continue
-                    payload = line[6:]
-                    if payload == "[DONE]":
-                        break
+                async for chunk in _sse_events(response):
                     now = time.perf_counter()
-                    chunk = json.loads(payload)
                     if "error" in chunk:
                         record.error = json.dumps(chunk["error"])[:300]
                         continue

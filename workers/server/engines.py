@@ -80,6 +80,7 @@ def _build_reference(spec: EngineSpec, profile: EngineProfile) -> AsyncEngine:
         served_model_name=spec.model_name,
         max_model_len=spec.max_model_len,
         profile=profile,
+        dtype=spec.dtype,
         seed=spec.seed,
     )
     return engine  # type: ignore[no-any-return]

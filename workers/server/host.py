@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workers.engine_api import AsyncEngine, EngineLoad, SamplingParams
-from workers.profile import EngineProfile
+from workers.profile import EngineProfile, ProfileError
 
 log = logging.getLogger(__name__)
 
@@ -215,6 +215,9 @@ class EngineHost:
             self.check_profile(target.profile)
             previous = self.running
             started = time.monotonic()
+            if await self._apply_live(target):
+                log.info("applied profile %s r%s between two steps", target.name, target.revision)
+                return
             self._set_state(DRAINING)
             await self._drain()
             self._set_state(APPLYING)
@@ -235,6 +238,27 @@ class EngineHost:
             log.info(
                 "applied profile %s r%s in %.1f s", target.name, target.revision, time.monotonic() - started
             )
+
+    async def _apply_live(self, target: RunningProfile) -> bool:
+        """An engine that can change scheduler knobs between two steps (the
+        reference engine's ``update_profile``) needs no drain and no rebuild:
+        nothing is refused and every request in flight stays correct. One
+        that cannot for this change (block size, KV size) says so with
+        ProfileError, and the switch drains and rebuilds instead."""
+        update = getattr(self.engine, "update_profile", None)
+        if update is None or self.state != READY:
+            return False
+        self._set_state(APPLYING)
+        try:
+            await update(target.profile)
+        except ProfileError as exc:
+            log.info("profile %s r%s needs a rebuild: %s", target.name, target.revision, exc)
+            return False
+        finally:
+            self._set_state(DRAINING if self.operator_drain else READY)
+        self.last_apply_error = None
+        self._engine_ready(target)
+        return True
 
     def describe(self) -> dict[str, Any]:
         load = self.load()
