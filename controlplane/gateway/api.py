@@ -1,0 +1,274 @@
+"""Routing tables, gateways and client keys over the API.
+
+    GET    /api/v1/routing/                  every table, with its acks
+    GET    /api/v1/routing/<model>/          one table, with its acks
+    PUT    /api/v1/routing/<model>/          set its pools, roles and weights (creates it)
+    PATCH  /api/v1/routing/<model>/          change weights only: {"weights": {"canary": 2000, "stable": 8000}}
+    DELETE /api/v1/routing/<model>/
+    GET    /api/v1/routing/<model>/acks/     ?epoch=N&wait=S: wait up to S seconds for every gateway's ack
+    GET    /api/v1/gateways/                 live gateways and the epochs they applied
+    CRUD   /api/v1/client-keys/              admins only; the key is in the create reply alone
+
+Views parse, call one model method, render. Every change is audited by the
+model method (routing) or the audited viewset (keys).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.db.models import QuerySet
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    extend_schema,
+    extend_schema_field,
+    inline_serializer,
+)
+from rest_framework import serializers, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from controlplane.accounts.roles import Role
+from controlplane.audit.api import AuditedModelViewSet
+from controlplane.fleet.models import Pool
+from controlplane.gateway import bus
+from controlplane.gateway.cohort import NUM_BUCKETS, ROLES
+from controlplane.gateway.models import ClientKey, PoolSpec, RoutingTable
+
+MAX_ACK_WAIT_SECONDS = 10.0
+
+
+# ---- serializers -----------------------------------------------------------------
+class RoutingPoolSerializer(serializers.Serializer):
+    pool = serializers.SlugRelatedField(slug_field="name", queryset=Pool.objects.all())
+    role = serializers.ChoiceField(choices=ROLES)
+    weight_bp = serializers.IntegerField(min_value=0, max_value=NUM_BUCKETS)
+
+
+class TableConfigSerializer(serializers.Serializer):
+    pools = RoutingPoolSerializer(many=True, help_text="the whole table: pools left out are removed")
+    salt = serializers.CharField(
+        max_length=64, required=False, help_text="changing it reshuffles every sticky key; omit to keep it"
+    )
+    reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+
+
+class WeightsSerializer(serializers.Serializer):
+    weights = serializers.DictField(
+        child=serializers.IntegerField(min_value=0, max_value=NUM_BUCKETS),
+        allow_empty=False,
+        help_text='basis points by role or pool name, e.g. {"canary": 2000, "stable": 8000}; others keep theirs',
+    )
+    reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+
+
+class GatewayAckSerializer(serializers.Serializer):
+    id = serializers.CharField()
+    address = serializers.CharField()
+    hostname = serializers.CharField()
+    pid = serializers.IntegerField()
+    started_at = serializers.FloatField(help_text="unix time")
+    last_seen = serializers.FloatField(help_text="unix time")
+    acked_epoch = serializers.IntegerField()
+    current = serializers.BooleanField(help_text="acked the table's current epoch (or a later one)")
+
+
+class AckStatusSerializer(serializers.Serializer):
+    epoch = serializers.IntegerField()
+    complete = serializers.BooleanField(help_text="every live gateway applied this epoch")
+    gateways = GatewayAckSerializer(many=True)
+
+
+class RoutingTableSerializer(serializers.Serializer):
+    model = serializers.CharField()
+    salt = serializers.CharField()
+    epoch = serializers.IntegerField()
+    updated_at = serializers.DateTimeField()
+    pools = serializers.SerializerMethodField()
+    acks = serializers.SerializerMethodField()
+
+    @extend_schema_field(RoutingPoolSerializer(many=True))
+    def get_pools(self, table: RoutingTable) -> list[dict[str, Any]]:
+        return [{"pool": m.pool.name, "role": m.role, "weight_bp": m.weight_bp} for m in _members(table)]
+
+    @extend_schema_field(AckStatusSerializer)
+    def get_acks(self, table: RoutingTable) -> dict[str, Any]:
+        gateways = self.context.get("gateways")
+        if gateways is None:
+            gateways = bus.live_gateways()
+        return bus.AckStatus(table.pk, table.epoch, gateways).as_dict()
+
+
+def _members(table: RoutingTable) -> list[Any]:
+    from controlplane.gateway.cohort import Role as CohortRole
+
+    prefetched = getattr(table, "_prefetched_objects_cache", {}).get("pools")
+    members = list(prefetched) if prefetched is not None else list(table.pools.select_related("pool"))
+    return sorted(members, key=lambda m: CohortRole(m.role).order)
+
+
+def _tables() -> QuerySet[RoutingTable]:
+    return RoutingTable.objects.prefetch_related("pools__pool")
+
+
+def _render(table: RoutingTable, **context: Any) -> dict[str, Any]:
+    fresh = _tables().get(pk=table.pk)
+    return RoutingTableSerializer(fresh, context=context).data
+
+
+# ---- routing tables ------------------------------------------------------------------
+class RoutingTableListView(APIView):
+    """Every routing table, with where each live gateway stands on it."""
+
+    @extend_schema(responses=RoutingTableSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        gateways = bus.live_gateways()
+        return Response(RoutingTableSerializer(_tables(), many=True, context={"gateways": gateways}).data)
+
+
+class RoutingTableView(APIView):
+    """One model's routing table. Weights are in basis points and sum to
+    10000; a pool given more traffic must have a ready worker. Every change
+    bumps the epoch, writes an audit row and tells the gateways."""
+
+    @extend_schema(responses=RoutingTableSerializer)
+    def get(self, request: Request, model: str) -> Response:
+        return Response(RoutingTableSerializer(get_object_or_404(_tables(), model=model)).data)
+
+    @extend_schema(request=TableConfigSerializer, responses={200: RoutingTableSerializer, 201: RoutingTableSerializer})
+    def put(self, request: Request, model: str) -> Response:
+        body = TableConfigSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        specs = [PoolSpec(p["pool"], p["role"], p["weight_bp"]) for p in data["pools"]]
+        with transaction.atomic():
+            table = RoutingTable.objects.filter(model=model).first()
+            created = table is None
+            if table is None:
+                table = RoutingTable.create_audited(model, actor=request.user, salt=data.get("salt"))
+            table.configure(specs, actor=request.user, reason=data["reason"], salt=data.get("salt"))
+        return Response(_render(table), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+    @extend_schema(request=WeightsSerializer, responses=RoutingTableSerializer)
+    def patch(self, request: Request, model: str) -> Response:
+        body = WeightsSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        table = get_object_or_404(RoutingTable, model=model)
+        table.set_weights(body.validated_data["weights"], actor=request.user, reason=body.validated_data["reason"])
+        return Response(_render(table))
+
+    @extend_schema(responses={204: None})
+    def delete(self, request: Request, model: str) -> Response:
+        table = get_object_or_404(RoutingTable, model=model)
+        table.delete_audited(actor=request.user)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class RoutingAcksView(APIView):
+    """Where the live gateways stand on an epoch of the table; with ``wait``,
+    the reply comes as soon as all have acked or the wait is over."""
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("epoch", int, description="default: the table's current epoch"),
+            OpenApiParameter("wait", float, description=f"seconds to wait for every ack, at most {MAX_ACK_WAIT_SECONDS:g}"),
+        ],
+        responses=AckStatusSerializer,
+    )
+    def get(self, request: Request, model: str) -> Response:
+        table = get_object_or_404(RoutingTable, model=model)
+        params = request.query_params
+        epoch = _number(params, "epoch", int, table.epoch, minimum=1)
+        wait = min(_number(params, "wait", float, 0.0, minimum=0.0), MAX_ACK_WAIT_SECONDS)
+        result = table.wait_for_acks(epoch, wait) if wait > 0 else table.ack_status(epoch)
+        return Response(result.as_dict())
+
+
+def _number(params: Any, name: str, kind: type, default: Any, *, minimum: float) -> Any:
+    raw = params.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise serializers.ValidationError({name: [f"must be a {'whole ' if kind is int else ''}number."]}) from None
+    if value < minimum:
+        raise serializers.ValidationError({name: [f"must be at least {minimum:g}."]})
+    return value
+
+
+class GatewayListView(APIView):
+    """Gateways whose liveness record is fresh, with the epoch they applied
+    of each table (by model)."""
+
+    @extend_schema(
+        responses=inline_serializer(
+            "Gateway",
+            {
+                "id": serializers.CharField(),
+                "address": serializers.CharField(),
+                "hostname": serializers.CharField(),
+                "pid": serializers.IntegerField(),
+                "started_at": serializers.FloatField(),
+                "last_seen": serializers.FloatField(),
+                "epochs": serializers.DictField(child=serializers.IntegerField(), help_text="by model"),
+            },
+            many=True,
+        )
+    )
+    def get(self, request: Request) -> Response:
+        names = dict(RoutingTable.objects.values_list("id", "model"))
+        out = []
+        for gateway in bus.live_gateways():
+            data = gateway.as_dict()
+            acks = data.pop("acks")
+            data["epochs"] = {names[int(t)]: e for t, e in acks.items() if t.isdigit() and int(t) in names}
+            out.append(data)
+        return Response(out)
+
+
+# ---- client keys ----------------------------------------------------------------------
+class ClientKeySerializer(serializers.ModelSerializer):
+    key = serializers.SerializerMethodField(help_text="the key itself: in the create reply only, never again")
+    created_by = serializers.CharField(source="created_by.username", read_only=True, default=None)
+
+    class Meta:
+        model = ClientKey
+        fields = ["id", "name", "key", "key_prefix", "is_admin", "active", "created", "created_by", "last_used"]
+        read_only_fields = ["key_prefix", "created", "last_used"]
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_key(self, obj: ClientKey) -> str | None:
+        return getattr(obj, "plaintext", None)
+
+    def create(self, validated: dict[str, Any]) -> ClientKey:
+        key, plaintext = ClientKey.issue(created_by=self.context["request"].user, **validated)
+        key.plaintext = plaintext  # type: ignore[attr-defined]
+        return key
+
+    def update(self, instance: ClientKey, validated: dict[str, Any]) -> ClientKey:
+        key = super().update(instance, validated)
+        key.announce()
+        return key
+
+
+class ClientKeyViewSet(AuditedModelViewSet):
+    """Keys clients send to the gateway. Admins only, reads included: even
+    a key's name says who may call. ``active: false`` revokes a key and keeps
+    its history; delete removes it."""
+
+    serializer_class = ClientKeySerializer
+    audit_name = "clientkey"
+    read_role = Role.ADMIN
+    write_role = Role.ADMIN
+
+    def get_queryset(self) -> QuerySet[ClientKey]:
+        return ClientKey.objects.select_related("created_by")
+
+    def perform_destroy(self, instance: ClientKey) -> None:
+        with transaction.atomic():
+            instance.announce()
+            super().perform_destroy(instance)

@@ -1,0 +1,56 @@
+"""The gateway's settings, each overridable in settings.py or the environment.
+
+| setting | default | meaning |
+|---|---|---|
+| GATEWAY_POLL_SECONDS | 1.0 | reload the routing state this often even without a notice |
+| GATEWAY_LIVENESS_TTL_SECONDS | 5.0 | a gateway silent this long no longer counts (acks) |
+| GATEWAY_HEARTBEAT_SECONDS | 1.0 | how often a gateway refreshes its liveness record |
+| GATEWAY_EJECT_SECONDS | 10.0 | a worker that refused a connection is passed over this long |
+| GATEWAY_MAX_ATTEMPTS | 3 | workers tried per request before 503 |
+| GATEWAY_CONNECT_TIMEOUT_SECONDS | 2.0 | connect timeout to a worker |
+| GATEWAY_LOG_FLUSH_SECONDS | 1.0 | request-log rows are written at least this often |
+| GATEWAY_LOG_BATCH_SIZE | 500 | ... and as soon as this many are waiting |
+| GATEWAY_LOG_MAX_BACKLOG | 100000 | rows held while the database is away; older ones are dropped |
+| GATEWAY_LOG_RETENTION_DAYS | 7 | request-log rows older than this are deleted (Celery beat, hourly) |
+| GATEWAY_REDIS_PREFIX | <channels prefix>:gateway | Redis namespace of notices and acks |
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from django.conf import settings
+
+DEFAULTS: dict[str, Any] = {
+    "GATEWAY_POLL_SECONDS": 1.0,
+    "GATEWAY_LIVENESS_TTL_SECONDS": 5.0,
+    "GATEWAY_HEARTBEAT_SECONDS": 1.0,
+    "GATEWAY_EJECT_SECONDS": 10.0,
+    "GATEWAY_MAX_ATTEMPTS": 3,
+    "GATEWAY_CONNECT_TIMEOUT_SECONDS": 2.0,
+    "GATEWAY_LOG_FLUSH_SECONDS": 1.0,
+    "GATEWAY_LOG_BATCH_SIZE": 500,
+    "GATEWAY_LOG_MAX_BACKLOG": 100_000,
+    "GATEWAY_LOG_RETENTION_DAYS": 7.0,
+    "GATEWAY_LOG_PURGE_INTERVAL_SECONDS": 3600.0,
+}
+
+
+def get(name: str) -> Any:
+    """settings.NAME, else the environment variable NAME, else the default."""
+    default = DEFAULTS[name]
+    if hasattr(settings, name):
+        return getattr(settings, name)
+    raw = os.environ.get(name)
+    if raw in (None, ""):
+        return default
+    return type(default)(raw)
+
+
+def redis_prefix() -> str:
+    explicit = getattr(settings, "GATEWAY_REDIS_PREFIX", None) or os.environ.get("GATEWAY_REDIS_PREFIX")
+    if explicit:
+        return str(explicit)
+    channels_prefix = settings.CHANNEL_LAYERS["default"]["CONFIG"].get("prefix", "chunkpilot")
+    return f"{channels_prefix}:gateway"

@@ -1,0 +1,95 @@
+"""``python manage.py rungateway [--host H] [--port P]``: the OpenAI-compatible
+entry point, a process of its own. Stateless: run as many as you like; each
+registers itself in Redis and acks the routing epochs it applies."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandParser
+
+from controlplane.gateway import conf
+from controlplane.gateway.metrics import GatewayMetrics
+from controlplane.gateway.proxy import Gateway, ProxySettings
+from controlplane.gateway.runtime import LogWriter, Presence, Refresher
+from controlplane.gateway.state import StateHolder
+from controlplane.gateway.upstream import Upstream, UpstreamTimeouts
+
+log = logging.getLogger("controlplane.gateway")
+
+
+def build_gateway(address: str) -> tuple[Gateway, LogWriter]:
+    """The app with its refresher and log writer wired in (not started)."""
+    holder = StateHolder()
+    metrics = GatewayMetrics()
+    writer = LogWriter(
+        flush_seconds=float(conf.get("GATEWAY_LOG_FLUSH_SECONDS")),
+        batch_size=int(conf.get("GATEWAY_LOG_BATCH_SIZE")),
+        max_backlog=int(conf.get("GATEWAY_LOG_MAX_BACKLOG")),
+        metrics=metrics,
+    )
+    presence = Presence(
+        settings.REDIS_URL, address=address, ttl_seconds=float(conf.get("GATEWAY_LIVENESS_TTL_SECONDS"))
+    )
+    refresher = Refresher(
+        holder,
+        presence,
+        poll_seconds=float(conf.get("GATEWAY_POLL_SECONDS")),
+        heartbeat_seconds=float(conf.get("GATEWAY_HEARTBEAT_SECONDS")),
+        redis_url=settings.REDIS_URL,
+    )
+    timeouts = UpstreamTimeouts(connect_seconds=float(conf.get("GATEWAY_CONNECT_TIMEOUT_SECONDS")))
+    app = Gateway(
+        holder,
+        record=writer.put,
+        metrics=metrics,
+        settings=ProxySettings(
+            max_attempts=int(conf.get("GATEWAY_MAX_ATTEMPTS")),
+            eject_seconds=float(conf.get("GATEWAY_EJECT_SECONDS")),
+        ),
+        upstream_factory=lambda: Upstream(timeouts),
+        on_startup=[refresher.start],
+        on_shutdown=[refresher.stop],
+    )
+    app.refresher = refresher  # type: ignore[attr-defined]
+    return app, writer
+
+
+class Command(BaseCommand):
+    help = "Run the gateway: OpenAI's API in front of the workers, with sticky weighted routing."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--port", type=int, default=8080)
+        parser.add_argument(
+            "--advertise", help="host:port others know this gateway by (default: --host:--port)"
+        )
+        parser.add_argument("--log-level", default="info")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        import uvicorn
+
+        address = options["advertise"] or f"{options['host']}:{options['port']}"
+        app, writer = build_gateway(address)
+        writer.start()
+        config = uvicorn.Config(
+            app,
+            host=options["host"],
+            port=options["port"],
+            loop="uvloop",
+            http="httptools",
+            lifespan="on",
+            access_log=False,
+            log_level=options["log_level"].lower(),
+            timeout_keep_alive=30,
+            backlog=4096,
+        )
+        server = uvicorn.Server(config)
+        log.info("gateway %s listening on %s:%s", address, options["host"], options["port"])
+        try:
+            server.run()
+        finally:
+            writer.stop()
+            log.info("gateway %s stopped (%d request-log rows written)", address, writer.num_written)

@@ -1,0 +1,342 @@
+"""Calls to workers: one streaming HTTP/1.1 request per attempt, over pooled
+keep-alive connections.
+
+``send`` returns once the worker's status line and headers are in; any
+failure until then is ``UpstreamUnavailable``, which the proxy may retry on
+another worker because the client has seen nothing yet. Failures after that
+(``UpstreamBroken``) end the client's response.
+
+Two clients implement it. ``Upstream``, the default, is a small asyncio
+protocol around httptools' C parser (the one uvicorn uses): a connection per
+request in flight, kept alive in a per-worker idle list, body chunks handed
+over as they arrive with flow control. ``HttpxUpstream`` is the same over
+httpx's AsyncClient. Profiling the gateway at 32 concurrent requests showed
+httpcore's pool scanning every pooled connection, with a poll() system call
+each, on every request, and more time in the client than in all the rest of
+the gateway; ``manage.py bench_gateway --client httpx`` reproduces the
+comparison. Select with GATEWAY_UPSTREAM_CLIENT=httpx.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import ssl
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+import httptools
+
+
+class UpstreamUnavailable(Exception):
+    """No response head from the worker: refused, reset, timed out."""
+
+
+class UpstreamBroken(Exception):
+    """The worker's response broke off after it began."""
+
+
+@dataclass(frozen=True)
+class UpstreamTimeouts:
+    connect_seconds: float = 2.0
+    # No read timeout: a long prompt's prefill may take many seconds before
+    # the first byte, and a client that gives up closes the stream itself.
+
+
+class UpstreamResponse(Protocol):
+    status: int
+    headers: list[tuple[bytes, bytes]]
+
+    def chunks(self) -> AsyncIterator[bytes]: ...
+
+    async def read(self) -> bytes: ...
+
+    async def close(self) -> None: ...
+
+
+class UpstreamClient(Protocol):
+    async def send(self, url: str, headers: list[tuple[bytes, bytes]], body: bytes) -> UpstreamResponse: ...
+
+    async def close(self) -> None: ...
+
+
+# ---- the native client -----------------------------------------------------------------
+# Body bytes held for a slow client before the worker's socket stops being read.
+HIGH_WATER_BYTES = 1 << 20
+LOW_WATER_BYTES = 1 << 16
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection; one response at a time."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.closed = False
+        self.reused = False
+        self.in_flight = False  # a request was written and its response is not done
+        self._begin()
+
+    def _begin(self) -> None:
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.head: asyncio.Future[None] = self.loop.create_future()
+        self.body: collections.deque[bytes] = collections.deque()
+        self.num_buffered = 0
+        self.paused = False
+        self.complete = False
+        self.keep_alive = False
+        self.received = False
+        self.error: Exception | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    # -- asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.received = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(f"unparseable reply: {exc}")
+            if self.transport is not None:
+                self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if not self.complete:
+            self._fail(f"connection closed by the worker ({exc or 'EOF'})")
+
+    # -- httptools callbacks
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        if not self.head.done():
+            self.head.set_result(None)
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+        self.num_buffered += len(body)
+        if self.num_buffered > HIGH_WATER_BYTES and not self.paused and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        # Asked now: once this callback returns, the parser has moved on.
+        self.keep_alive = self.parser.should_keep_alive()
+        self.complete = True
+        self._wake()
+
+    # -- for the client
+    def _fail(self, message: str) -> None:
+        if not self.in_flight:
+            return  # an idle connection closing: nobody waits on it
+        if not self.head.done():
+            self.head.set_exception(UpstreamUnavailable(message))
+        elif self.error is None and not self.complete:
+            self.error = UpstreamBroken(message)
+            self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def next_chunk(self) -> bytes | None:
+        """The body bytes that arrived since the last call (joined), or None at the end."""
+        while True:
+            if self.body:
+                chunk = self.body.popleft() if len(self.body) == 1 else b"".join(self.body)
+                self.body.clear()
+                self.num_buffered = 0
+                if self.paused and self.transport is not None:
+                    self.paused = False
+                    self.transport.resume_reading()
+                return chunk
+            if self.complete:
+                return None
+            if self.error is not None:
+                raise self.error
+            self._waiter = self.loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+
+
+class _Response:
+    def __init__(self, client: Upstream, key: tuple[str, int, bool], conn: _Connection):
+        self._client, self._key, self._conn = client, key, conn
+        self.status = conn.status
+        self.headers = conn.headers
+        self._done = False
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        conn = self._conn
+        while (chunk := await conn.next_chunk()) is not None:
+            yield chunk
+        self._finish()
+
+    async def read(self) -> bytes:
+        return b"".join([chunk async for chunk in self.chunks()])
+
+    def _finish(self) -> None:
+        if not self._done:
+            self._done = True
+            self._client._release(self._key, self._conn)
+
+    async def close(self) -> None:
+        """Done with it: a response not read to the end closes its connection,
+        which is how the worker learns to abort the request."""
+        if not self._done:
+            self._done = True
+            if self._conn.complete:
+                self._client._release(self._key, self._conn)
+            elif self._conn.transport is not None:
+                self._conn.transport.close()
+
+
+class Upstream:
+    """The native client (see the module's note)."""
+
+    def __init__(self, timeouts: UpstreamTimeouts | None = None, *, max_idle_per_worker: int = 512):
+        self.timeouts = timeouts or UpstreamTimeouts()
+        self.max_idle_per_worker = max_idle_per_worker
+        self._idle: dict[tuple[str, int, bool], list[_Connection]] = collections.defaultdict(list)
+        self._targets: dict[str, tuple[tuple[str, int, bool], bytes, bytes]] = {}
+        self._ssl: ssl.SSLContext | None = None
+
+    def _target(self, url: str) -> tuple[tuple[str, int, bool], bytes, bytes]:
+        target = self._targets.get(url)
+        if target is None:
+            parts = urlsplit(url)
+            tls = parts.scheme == "https"
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise UpstreamUnavailable(f"not an http(s) URL: {url!r}")
+            port = parts.port or (443 if tls else 80)
+            path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            target = ((parts.hostname, port, tls), parts.netloc.encode(), path.encode())
+            if len(self._targets) < 10_000:
+                self._targets[url] = target
+        return target
+
+    async def _connect(self, key: tuple[str, int, bool]) -> _Connection:
+        loop = asyncio.get_running_loop()
+        host, port, tls = key
+        if tls and self._ssl is None:
+            self._ssl = ssl.create_default_context()
+        try:
+            _, conn = await asyncio.wait_for(
+                loop.create_connection(lambda: _Connection(loop), host, port, ssl=self._ssl if tls else None),
+                self.timeouts.connect_seconds,
+            )
+        except (OSError, TimeoutError) as exc:
+            raise UpstreamUnavailable(f"cannot connect to {host}:{port}: {exc or type(exc).__name__}") from exc
+        return conn
+
+    def _take_idle(self, key: tuple[str, int, bool]) -> _Connection | None:
+        idle = self._idle.get(key)
+        while idle:
+            conn = idle.pop()
+            if not conn.closed:
+                return conn
+        return None
+
+    def _release(self, key: tuple[str, int, bool], conn: _Connection) -> None:
+        idle = self._idle[key]
+        if conn.closed or not conn.keep_alive or len(idle) >= self.max_idle_per_worker:
+            if conn.transport is not None:
+                conn.transport.close()
+            return
+        conn._begin()
+        conn.reused = True
+        conn.in_flight = False
+        idle.append(conn)
+
+    async def send(self, url: str, headers: list[tuple[bytes, bytes]], body: bytes) -> _Response:
+        key, netloc, path = self._target(url)
+        head = b"".join(
+            [b"POST ", path, b" HTTP/1.1\r\nhost: ", netloc, b"\r\ncontent-length: ", str(len(body)).encode(), b"\r\n",
+             *[name + b": " + value + b"\r\n" for name, value in headers], b"\r\n"]
+        )
+        while True:
+            conn = self._take_idle(key) or await self._connect(key)
+            assert conn.transport is not None
+            conn.in_flight = True
+            conn.transport.write(head)
+            conn.transport.write(body)
+            try:
+                await conn.head
+            except UpstreamUnavailable:
+                conn.transport.close()
+                if conn.reused and not conn.received:
+                    continue  # the worker had closed the idle connection: nothing was sent; try a fresh one
+                raise
+            except asyncio.CancelledError:
+                conn.transport.close()
+                raise
+            return _Response(self, key, conn)
+
+    async def close(self) -> None:
+        for idle in self._idle.values():
+            for conn in idle:
+                if conn.transport is not None:
+                    conn.transport.close()
+        self._idle.clear()
+
+
+# ---- httpx ---------------------------------------------------------------------------------
+class _HttpxResponse:
+    def __init__(self, response: Any):
+        self._response = response
+        self.status = response.status_code
+        self.headers: list[tuple[bytes, bytes]] = response.headers.raw
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        import httpx
+
+        try:
+            async for chunk in self._response.aiter_raw():
+                yield chunk
+        except httpx.HTTPError as exc:
+            raise UpstreamBroken(f"{type(exc).__name__}: {exc}") from exc
+
+    async def read(self) -> bytes:
+        return b"".join([chunk async for chunk in self.chunks()])
+
+    async def close(self) -> None:
+        await self._response.aclose()
+
+
+class HttpxUpstream:
+    def __init__(self, timeouts: UpstreamTimeouts | None = None, *, max_connections: int = 2048):
+        import httpx
+
+        timeouts = timeouts or UpstreamTimeouts()
+        self._httpx = httpx
+        self._client = httpx.AsyncClient(
+            timeout=httpx.Timeout(connect=timeouts.connect_seconds, read=None, write=30.0, pool=None),
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            trust_env=False,  # workers are addressed directly, never through a proxy from the environment
+        )
+
+    async def send(self, url: str, headers: list[tuple[bytes, bytes]], body: bytes) -> _HttpxResponse:
+        request = self._client.build_request("POST", url, headers=headers, content=body)
+        try:
+            response = await self._client.send(request, stream=True)
+        except self._httpx.HTTPError as exc:
+            raise UpstreamUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        return _HttpxResponse(response)
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+
+CLIENTS: dict[str, type] = {"native": Upstream, "httpx": HttpxUpstream}

@@ -1,0 +1,206 @@
+"""The routing and client-key API: roles, validation by field, audit rows,
+epochs. (Acks from real gateways: test_gateway_process.py.)"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+from rest_framework.test import APIClient
+
+from controlplane.audit.models import AuditEvent
+from controlplane.fleet.health import State
+from controlplane.fleet.models import Worker
+from controlplane.gateway.models import ClientKey, RoutingTable
+from controlplane.gateway.state import hash_key
+from tests.controlplane.factories import make_pool
+from tests.controlplane.gateway.factories import pool_spec, ready_worker, routed_model
+
+pytestmark = pytest.mark.django_db
+
+
+def test_anonymous_calls_are_refused_with_401(anon_api: APIClient) -> None:
+    assert anon_api.get("/api/v1/routing/").status_code == 401
+    assert anon_api.put("/api/v1/routing/tiny/", {"pools": []}, format="json").status_code == 401
+    assert anon_api.get("/api/v1/client-keys/").status_code == 401
+    assert anon_api.get("/api/v1/gateways/").status_code == 401
+
+
+def test_a_viewer_reads_tables_but_may_not_change_them(viewer_api: APIClient) -> None:
+    table, pools, _ = routed_model(canary_bp=1000)
+    listed = viewer_api.get("/api/v1/routing/")
+    assert listed.status_code == 200
+    assert listed.json()[0]["pools"] == [
+        {"pool": "tiny-canary", "role": "canary", "weight_bp": 1000},
+        {"pool": "tiny-stable", "role": "stable", "weight_bp": 9000},
+    ]
+    assert viewer_api.patch("/api/v1/routing/tiny/", {"weights": {"canary": 0, "stable": 10000}}, format="json").status_code == 403
+    body = {"pools": [pool_spec(pools["stable"], "stable", 10000)]}
+    assert viewer_api.put("/api/v1/routing/tiny/", body, format="json").status_code == 403
+    assert viewer_api.delete("/api/v1/routing/tiny/").status_code == 403
+    assert RoutingTable.objects.get().weights() == {"canary": 1000, "stable": 9000}
+
+
+def test_put_creates_a_table_bumps_the_epoch_and_audits_it(operator_api: APIClient, operator: Any) -> None:
+    stable, canary = make_pool("stable"), make_pool("canary")
+    ready_worker(stable)
+    ready_worker(canary)
+    body = {"pools": [pool_spec(stable, "stable", 9000), pool_spec(canary, "canary", 1000)], "reason": "first table"}
+    response = operator_api.put("/api/v1/routing/org/tiny-v2/", body, format="json")
+    assert response.status_code == 201, response.content
+    data = response.json()
+    assert data["model"] == "org/tiny-v2" and data["epoch"] == 2
+    assert data["acks"]["epoch"] == 2
+    event = AuditEvent.objects.get(action="routing.configure")
+    assert event.actor == operator
+    assert event.before["pools"] == []
+    assert event.after["pools"] == [
+        {"pool": "canary", "role": "canary", "weight_bp": 1000}, {"pool": "stable", "role": "stable", "weight_bp": 9000}
+    ]
+    assert event.after["reason"] == "first table"
+    # The same PUT again changes nothing: same epoch, no new audit row.
+    again = operator_api.put("/api/v1/routing/org/tiny-v2/", body, format="json")
+    assert again.status_code == 200 and again.json()["epoch"] == 2
+    assert AuditEvent.objects.filter(action="routing.configure").count() == 1
+
+
+def test_patch_changes_weights_by_role_audits_before_and_after_and_is_idempotent(operator_api: APIClient) -> None:
+    table, _, _ = routed_model(canary_bp=500)
+    epoch = table.epoch
+    response = operator_api.patch("/api/v1/routing/tiny/", {"weights": {"canary": 2500, "stable": 7500}, "reason": "step 2"}, format="json")
+    assert response.status_code == 200, response.content
+    assert response.json()["epoch"] == epoch + 1
+    event = AuditEvent.objects.filter(action="routing.set_weights").get()
+    assert [p["weight_bp"] for p in event.before["pools"]] == [500, 9500]
+    assert [p["weight_bp"] for p in event.after["pools"]] == [2500, 7500]
+    assert (event.before["epoch"], event.after["epoch"], event.after["reason"]) == (epoch, epoch + 1, "step 2")
+    same = operator_api.patch("/api/v1/routing/tiny/", {"weights": {"canary": 2500}}, format="json")
+    assert same.json()["epoch"] == epoch + 1
+    assert AuditEvent.objects.filter(action="routing.set_weights").count() == 1
+
+
+@pytest.mark.parametrize(
+    ("weights", "reason"),
+    [
+        ({"canary": 3000}, "weights must sum to 10000 basis points; canary 3000, stable 9000 sum to 12000."),
+        ({"canary": 0, "stable": 9000}, "weights must sum to 10000 basis points; canary 0, stable 9000 sum to 9000."),
+        ({"baseline": 100, "stable": 9900}, "`baseline` is neither a role nor a pool of the `tiny` table."),
+    ],
+)
+def test_bad_weights_are_400_with_the_reason(operator_api: APIClient, weights: dict, reason: str) -> None:
+    routed_model(canary_bp=1000)
+    response = operator_api.patch("/api/v1/routing/tiny/", {"weights": weights}, format="json")
+    assert response.status_code == 400
+    assert response.json() == {"weights": [reason]}
+    assert not AuditEvent.objects.filter(action="routing.set_weights").exists()
+    assert RoutingTable.objects.get().weights() == {"canary": 1000, "stable": 9000}
+
+
+@pytest.mark.parametrize("body", [{"weights": {"canary": -1}}, {"weights": {"canary": 10001}}, {"weights": {}},
+                                  {"weights": {"canary": "lots"}}, {}])
+def test_malformed_weights_are_400_naming_the_field(operator_api: APIClient, body: dict) -> None:
+    routed_model()
+    response = operator_api.patch("/api/v1/routing/tiny/", body, format="json")
+    assert response.status_code == 400
+    assert "weights" in response.json()
+
+
+@pytest.mark.parametrize("flag", ["cordoned", "drain_requested", "unhealthy"])
+def test_a_pool_given_weight_needs_a_ready_worker(operator_api: APIClient, flag: str) -> None:
+    _, _, workers = routed_model(canary_bp=0)
+    canary = workers["canary"][0]
+    if flag == "unhealthy":
+        Worker.objects.filter(pk=canary.pk).update(state=State.UNHEALTHY)
+    else:
+        Worker.objects.filter(pk=canary.pk).update(**{flag: True})
+    response = operator_api.patch("/api/v1/routing/tiny/", {"weights": {"canary": 1000, "stable": 9000}}, format="json")
+    assert response.status_code == 400
+    assert response.json() == {
+        "weights": ["pool `tiny-canary` has no ready worker (ready, not cordoned, not draining) to take its 1000 bp."]
+    }
+
+
+def test_taking_weight_off_a_pool_needs_no_ready_worker_and_an_abort_may_skip_the_check(operator: Any) -> None:
+    table, _, workers = routed_model(canary_bp=2000)
+    Worker.objects.filter(pool__name="tiny-canary").update(state=State.OFFLINE)
+    Worker.objects.filter(pool__name="tiny-stable").update(state=State.UNHEALTHY)
+    with pytest.raises(Exception, match="tiny-stable"):
+        table.set_weights({"canary": 0, "stable": 10000}, actor=operator)
+    epoch = table.set_weights({"canary": 0, "stable": 10000}, actor="rollout:1", reason="abort", require_ready=False)
+    assert epoch == table.epoch and table.weights() == {"canary": 0, "stable": 10000}
+    assert AuditEvent.objects.get(action="routing.set_weights").actor_repr == "rollout:1"
+
+
+@pytest.mark.parametrize(
+    ("pools", "field"),
+    [
+        ([{"pool": "nope", "role": "stable", "weight_bp": 10000}], "pools"),
+        ([{"pool": "tiny-stable", "role": "leader", "weight_bp": 10000}], "pools"),
+        ([{"pool": "tiny-stable", "role": "stable", "weight_bp": 5000},
+          {"pool": "tiny-canary", "role": "stable", "weight_bp": 5000}], "pools"),
+        ([{"pool": "tiny-stable", "role": "stable", "weight_bp": 5000},
+          {"pool": "tiny-stable", "role": "canary", "weight_bp": 5000}], "pools"),
+        ([{"pool": "tiny-stable", "role": "stable", "weight_bp": 9999}], "weights"),
+    ],
+)
+def test_bad_tables_are_400_by_field(operator_api: APIClient, pools: list, field: str) -> None:
+    routed_model()
+    before = RoutingTable.objects.get().epoch
+    response = operator_api.put("/api/v1/routing/tiny/", {"pools": pools}, format="json")
+    assert response.status_code == 400, response.content
+    assert field in response.json()
+    assert RoutingTable.objects.get().epoch == before
+
+
+def test_delete_removes_the_table_and_audits_it(operator_api: APIClient) -> None:
+    routed_model()
+    assert operator_api.delete("/api/v1/routing/tiny/").status_code == 204
+    assert not RoutingTable.objects.exists()
+    assert AuditEvent.objects.get(action="routing.delete").before["model"] == "tiny"
+    assert operator_api.get("/api/v1/routing/tiny/").status_code == 404
+
+
+def test_ack_query_parameters_are_checked(viewer_api: APIClient) -> None:
+    routed_model()
+    assert viewer_api.get("/api/v1/routing/tiny/acks/?epoch=zero").json() == {"epoch": ["must be a whole number."]}
+    assert viewer_api.get("/api/v1/routing/tiny/acks/?wait=-1").status_code == 400
+    status = viewer_api.get("/api/v1/routing/tiny/acks/").json()
+    assert status["epoch"] == RoutingTable.objects.get().epoch
+
+
+# ---- client keys --------------------------------------------------------------------
+def test_client_keys_are_admin_only_even_to_read(viewer_api: APIClient, operator_api: APIClient) -> None:
+    assert viewer_api.get("/api/v1/client-keys/").status_code == 403
+    assert operator_api.get("/api/v1/client-keys/").status_code == 403
+    assert operator_api.post("/api/v1/client-keys/", {"name": "x"}, format="json").status_code == 403
+
+
+def test_an_issued_key_is_shown_once_stored_hashed_and_audited(admin_api: APIClient, admin_user: Any) -> None:
+    response = admin_api.post("/api/v1/client-keys/", {"name": "search frontend", "is_admin": False}, format="json")
+    assert response.status_code == 201, response.content
+    plaintext = response.json()["key"]
+    assert plaintext.startswith("cpk_") and len(plaintext) > 40
+    key = ClientKey.objects.get()
+    assert key.key_hash == hash_key(plaintext) and plaintext not in str(ClientKey.objects.values().get())
+    assert admin_api.get(f"/api/v1/client-keys/{key.pk}/").json()["key"] is None
+    event = AuditEvent.objects.get(action="clientkey.create")
+    assert event.actor == admin_user and "key_hash" not in event.after
+    revoked = admin_api.patch(f"/api/v1/client-keys/{key.pk}/", {"active": False}, format="json")
+    assert revoked.status_code == 200 and revoked.json()["active"] is False
+    assert AuditEvent.objects.get(action="clientkey.update").after["active"] is False
+    assert admin_api.delete(f"/api/v1/client-keys/{key.pk}/").status_code == 204
+    assert AuditEvent.objects.filter(action="clientkey.delete").exists()
+
+
+def test_a_client_key_needs_a_name(admin_api: APIClient) -> None:
+    response = admin_api.post("/api/v1/client-keys/", {}, format="json")
+    assert response.status_code == 400 and "name" in response.json()
+
+
+def test_the_openapi_document_has_the_routing_api() -> None:
+    document = yaml.safe_load(APIClient().get("/api/schema/").content)
+    for path in ("/api/v1/routing/", "/api/v1/routing/{model}/", "/api/v1/routing/{model}/acks/",
+                 "/api/v1/gateways/", "/api/v1/client-keys/"):
+        assert path in document["paths"], path
+    assert {"get", "put", "patch", "delete"} <= set(document["paths"]["/api/v1/routing/{model}/"])
