@@ -313,17 +313,18 @@ class OpenAIServer:
         logprobs: dict[int, list[Any]] = {r.index: [] for r in runs}
         finish: dict[int, tuple[str | None, Any]] = {}
         try:
-            async for run, out in self._outputs(runs):
-                completion = out.outputs[0]
-                texts[run.index].append(completion.text)
-                run.num_output_tokens += len(completion.token_ids)
-                lp = self._logprobs(engine, req, out, 0)
-                if lp is not None:
-                    logprobs[run.index].append(lp)
-                if out.finished:
-                    run.finished = True
-                    run.num_cached_tokens = out.num_cached_tokens
-                    finish[run.index] = (completion.finish_reason, completion.stop_reason)
+            async with contextlib.aclosing(self._outputs(runs)) as outputs:
+                async for run, out in outputs:
+                    completion = out.outputs[0]
+                    texts[run.index].append(completion.text)
+                    run.num_output_tokens += len(completion.token_ids)
+                    lp = self._logprobs(engine, req, out, 0)
+                    if lp is not None:
+                        logprobs[run.index].append(lp)
+                    if out.finished:
+                        run.finished = True
+                        run.num_cached_tokens = out.num_cached_tokens
+                        finish[run.index] = (completion.finish_reason, completion.stop_reason)
         except EngineError as exc:
             raise p.ApiError(f"The engine failed: {exc}", status=500, type="server_error") from exc
         choices = []
@@ -393,38 +394,39 @@ class OpenAIServer:
                     text = run.prompt_text if run.prompt_text is not None else engine.decode(run.prompt_token_ids)
                     offsets[run.index] = len(text)
                     yield p.sse({**base, "choices": [{"index": run.index, "text": text, "logprobs": None, "finish_reason": None}]})
-            async for run, out in self._outputs(runs):
-                completion = out.outputs[0]
-                run.num_output_tokens += len(completion.token_ids)
-                if out.finished:
-                    run.finished = True
-                    run.num_cached_tokens = out.num_cached_tokens
-                elif not completion.text:
-                    continue  # tokens that do not yet decode to text (a split character)
-                lp = self._logprobs(engine, req, out, offsets[run.index])
-                offsets[run.index] += len(completion.text)
-                if not out.finished and lp is None:
-                    # The hot path, once per token or so: a prebuilt frame
-                    # around the JSON-escaped text, no dict to build or encode.
-                    yield fast_head[run.index] + json.dumps(completion.text, ensure_ascii=False).encode() + fast_tail
-                    continue
-                if chat:
-                    choice: dict[str, Any] = {
-                        "index": run.index,
-                        "delta": {"content": completion.text} if completion.text else {},
-                        "logprobs": lp,
-                        "finish_reason": completion.finish_reason if out.finished else None,
-                    }
-                else:
-                    choice = {
-                        "index": run.index,
-                        "text": completion.text,
-                        "logprobs": lp,
-                        "finish_reason": completion.finish_reason if out.finished else None,
-                    }
-                if out.finished:
-                    choice["stop_reason"] = completion.stop_reason
-                yield p.sse({**base, "choices": [choice]})
+            async with contextlib.aclosing(self._outputs(runs)) as outputs:
+                async for run, out in outputs:
+                    completion = out.outputs[0]
+                    run.num_output_tokens += len(completion.token_ids)
+                    if out.finished:
+                        run.finished = True
+                        run.num_cached_tokens = out.num_cached_tokens
+                    elif not completion.text:
+                        continue  # tokens that do not yet decode to text (a split character)
+                    lp = self._logprobs(engine, req, out, offsets[run.index])
+                    offsets[run.index] += len(completion.text)
+                    if not out.finished and lp is None:
+                        # The hot path, once per token or so: a prebuilt frame
+                        # around the JSON-escaped text, no dict to build or encode.
+                        yield fast_head[run.index] + json.dumps(completion.text, ensure_ascii=False).encode() + fast_tail
+                        continue
+                    if chat:
+                        choice: dict[str, Any] = {
+                            "index": run.index,
+                            "delta": {"content": completion.text} if completion.text else {},
+                            "logprobs": lp,
+                            "finish_reason": completion.finish_reason if out.finished else None,
+                        }
+                    else:
+                        choice = {
+                            "index": run.index,
+                            "text": completion.text,
+                            "logprobs": lp,
+                            "finish_reason": completion.finish_reason if out.finished else None,
+                        }
+                    if out.finished:
+                        choice["stop_reason"] = completion.stop_reason
+                    yield p.sse({**base, "choices": [choice]})
             if req.include_usage:
                 yield p.sse(
                     {

@@ -118,6 +118,7 @@ class MetricsExporter:
         self._labels = (model_name, "0")
         self._load: Callable[[], EngineLoad] | None = None
         self._native: Any = None  # the engine's own vllm:* registry, when it has one
+        self._engine: Any = None
 
         # ---- chunkpilot:* -----------------------------------------------
         self.registry = CollectorRegistry(auto_describe=True)
@@ -186,7 +187,11 @@ class MetricsExporter:
 
     # ---- wiring --------------------------------------------------------------
     def attach(self, engine: Any) -> None:
-        """Observe a (new) engine; called again after each profile switch."""
+        """Observe a (new) engine; called again after each profile switch,
+        which may keep the same engine (a live update): observe it once."""
+        if engine is self._engine:
+            return
+        self._engine = engine
         engine.add_observer(self)
         self._load = engine.load
         native = getattr(engine, "prometheus_collector", None)

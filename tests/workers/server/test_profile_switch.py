@@ -51,8 +51,9 @@ def test_a_profile_switch_under_load_loses_no_request(engine, tiny_model, tmp_pa
         assert load.popen.wait(180) in (0, 1)
         result = json.loads(load.output()[load.output().index("{"):])
 
-        states = [s for s, _ in control_plane.states_since(mark)]
-        assert "draining" in states or "applying" in states
+        if engine == "vllm":  # vLLM rebuilds (the reference engine may apply between two steps)
+            states = [s for s, _ in control_plane.states_since(mark)]
+            assert "draining" in states or "applying" in states
         records = result["requests"]
         assert len(records) == 24
         lost = [r for r in records if not r["success"] and not (r["status"] in (429, 503) and not r["got_first_byte"])]
