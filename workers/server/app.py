@@ -310,6 +310,7 @@ class OpenAIServer:
 
     async def _collect(self, engine: AsyncEngine, req: p.CompletionRequest, response_id: str, runs: list[_Run]) -> dict[str, Any]:
         texts = {r.index: [] for r in runs}  # type: dict[int, list[str]]
+        token_ids: dict[int, list[int]] = {r.index: [] for r in runs}
         logprobs: dict[int, list[Any]] = {r.index: [] for r in runs}
         finish: dict[int, tuple[str | None, Any]] = {}
         try:
@@ -317,6 +318,7 @@ class OpenAIServer:
                 async for run, out in outputs:
                     completion = out.outputs[0]
                     texts[run.index].append(completion.text)
+                    token_ids[run.index].extend(completion.token_ids)
                     run.num_output_tokens += len(completion.token_ids)
                     lp = self._logprobs(engine, req, out, 0)
                     if lp is not None:
@@ -349,6 +351,10 @@ class OpenAIServer:
                     "finish_reason": reason,
                     "stop_reason": stop_reason,
                 }
+            if req.return_token_ids:
+                # vLLM's extension: exact ids, for comparing outputs token for token.
+                choice["prompt_token_ids"] = list(run.prompt_token_ids)
+                choice["token_ids"] = token_ids[run.index]
             choices.append(choice)
         return {
             "id": response_id,

@@ -61,6 +61,7 @@ class CompletionRequest:
     logprobs: bool = False
     messages: list[dict[str, str]] = field(default_factory=list)
     add_generation_prompt: bool = True
+    return_token_ids: bool = False  # vLLM's extension: prompt_token_ids and token_ids per choice (not streamed)
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -203,6 +204,7 @@ def parse_completion(data: dict[str, Any]) -> CompletionRequest:
         include_usage=_stream_options(data, stream),
         echo=_bool(data, "echo"),
         logprobs=logprobs is not None,
+        return_token_ids=_bool(data, "return_token_ids"),
     )
 
 
@@ -256,6 +258,7 @@ def parse_chat(data: dict[str, Any]) -> CompletionRequest:
         logprobs=logprobs,
         messages=parsed,
         add_generation_prompt=_bool(data, "add_generation_prompt", True),
+        return_token_ids=_bool(data, "return_token_ids"),
     )
 
 
