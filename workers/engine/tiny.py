@@ -1,0 +1,242 @@
+"""``python -m workers make-tiny-model OUT_DIR [--seed N]``: the project's tiny
+Llama checkpoint, built from nothing but the Python installation.
+
+A byte-level BPE tokenizer is trained on the Python reference docs that ship
+with CPython (``pydoc_data.topics``);
+then a ~3M-parameter Llama (head_dim 64, so vLLM's CPU attention runs it
+too) trains on the same text for about a minute, single-threaded with fixed
+seeds, so a seed always gives the same bytes and greedy output is varied
+text. The result is a Hugging Face checkpoint directory that transformers
+and vLLM load as they are.
+
+Safe to run from several processes at once: one builds under a file lock
+into a temporary directory that is renamed into place; the others wait and
+then find it. Instant when ``OUT_DIR`` already holds this recipe and seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+RECIPE_VERSION = 1
+STAMP = "chunkpilot_tiny_model.json"
+
+VOCAB_SIZE = 2048
+SPECIAL_TOKENS = ["<s>", "</s>", "<pad>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "<|{{ message['role'] }}|>\n{{ message['content'] }}<|end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+MODEL_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": VOCAB_SIZE,
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "hidden_act": "silu",
+    "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": True,
+    "attention_bias": False,
+    "mlp_bias": False,
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+    "pad_token_id": 2,
+    "dtype": "float32",
+    "initializer_range": 0.02,
+}
+# Training: fixed steps (not a time limit) so the result does not depend on the machine's speed.
+TRAIN_STEPS = 200
+BATCH_SIZE = 16
+SEQ_LEN = 128
+LEARNING_RATE = 4e-3
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("out_dir", type=Path, help="checkpoint directory to write (skipped when it already holds this seed)")
+    parser.add_argument("--seed", type=int, default=0, help="training seed (default 0)")
+    parser.add_argument("--quiet", action="store_true")
+
+
+def main(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    built = ensure_tiny_model(args.out_dir, seed=args.seed, log=None if args.quiet else print)
+    if not args.quiet:
+        print(f"tiny model ready at {built} ({time.monotonic() - started:.1f}s)")
+    return 0
+
+
+def is_built(out_dir: Path, seed: int) -> bool:
+    try:
+        stamp = json.loads((out_dir / STAMP).read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(stamp.get("recipe") == RECIPE_VERSION and stamp.get("seed") == seed)
+
+
+def ensure_tiny_model(out_dir: str | Path, *, seed: int = 0, log: object = None) -> Path:
+    out = Path(out_dir).resolve()
+    if is_built(out, seed):
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(out.parent / f".{out.name}.lock"):
+        if is_built(out, seed):  # another process built it while we waited
+            return out
+        if out.exists() and not (out / STAMP).exists() and any(out.iterdir()):
+            raise FileExistsError(f"{out} exists and is not a tiny-model checkpoint; refusing to overwrite it.")
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
+        try:
+            build(tmp, seed=seed, log=log if callable(log) else None)
+            if out.exists():
+                old = out.with_name(f".{out.name}.old-{os.getpid()}")
+                out.rename(old)
+                tmp.rename(out)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                tmp.rename(out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def training_texts() -> list[str]:
+    """Text that ships with every CPython: the language reference's topics.
+
+    Runs of whitespace become one space: with its layout kept, a model this
+    small and this briefly trained learns mostly to emit blank lines.
+    """
+    from pydoc_data.topics import topics
+
+    return [" ".join(topics[key].split()) for key in sorted(topics)]
+
+
+def train_tokenizer(texts: list[str]):  # -> tokenizers.Tokenizer
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    bos_id = tokenizer.token_to_id("<s>")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos_id)]
+    )
+    return tokenizer
+
+
+def build(out: Path, *, seed: int, log=None) -> None:  # type: ignore[no-untyped-def]
+    import torch
+    from safetensors.torch import save_file
+
+    from workers.engine.config import ModelConfig
+    from workers.engine.model import LlamaForCausalLM
+
+    say = log or (lambda *_: None)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    started = time.monotonic()
+    texts = training_texts()
+    tokenizer = train_tokenizer(texts)
+    tokenizer.save(str(out / "tokenizer.json"))
+    say(f"tokenizer: {tokenizer.get_vocab_size()} tokens trained on {sum(map(len, texts)) / 1e6:.1f} MB of text")
+
+    eos_id, bos_id = tokenizer.token_to_id("</s>"), tokenizer.token_to_id("<s>")
+    stream: list[int] = []
+    for encoding in tokenizer.encode_batch(texts, add_special_tokens=False):
+        stream.extend(encoding.ids)
+        stream.append(eos_id)
+    data = torch.tensor(stream, dtype=torch.long)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread: the same float sums in the same order, every run
+    try:
+        torch.manual_seed(seed)
+        config = ModelConfig.from_dict(MODEL_CONFIG)
+        model = LlamaForCausalLM(config)
+        _init_weights(model, std=float(MODEL_CONFIG["initializer_range"]))
+        generator = torch.Generator().manual_seed(seed)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, betas=(0.9, 0.95), weight_decay=0.05)
+        model.train()
+        for step in range(TRAIN_STEPS):
+            lr = LEARNING_RATE * min(1.0, (step + 1) / 20) * (0.1 + 0.9 * 0.5 * (1 + torch.cos(torch.tensor(step / TRAIN_STEPS * 3.14159265)).item()))
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            starts = torch.randint(0, len(data) - SEQ_LEN, (BATCH_SIZE,), generator=generator)
+            windows = torch.stack([data[s : s + SEQ_LEN] for s in starts.tolist()])
+            inputs = torch.cat([torch.full((BATCH_SIZE, 1), bos_id), windows[:, :-1]], dim=1)
+            logits = model.forward_dense(inputs)
+            loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]), windows.reshape(-1))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            if step % 50 == 0 or step == TRAIN_STEPS - 1:
+                say(f"step {step:4d}  loss {loss.item():.3f}  ({time.monotonic() - started:.0f}s)")
+    finally:
+        torch.set_num_threads(threads)
+
+    save_file(model.hf_state_dict(), str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(MODEL_CONFIG, indent=2) + "\n")
+    (out / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": bos_id, "eos_token_id": [eos_id, tokenizer.token_to_id("<|end|>")],
+                    "pad_token_id": tokenizer.token_to_id("<pad>")}, indent=2) + "\n"
+    )
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": "<s>",
+                "eos_token": "</s>",
+                "pad_token": "<pad>",
+                "add_bos_token": True,
+                "model_max_length": MODEL_CONFIG["max_position_embeddings"],
+                "clean_up_tokenization_spaces": False,
+                "chat_template": CHAT_TEMPLATE,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    (out / STAMP).write_text(json.dumps({"recipe": RECIPE_VERSION, "seed": seed}) + "\n")
+    say(f"built in {time.monotonic() - started:.0f}s")
+
+
+def _init_weights(model, std: float) -> None:  # type: ignore[no-untyped-def]
+    import torch
+
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() == 2:
+                torch.nn.init.normal_(param, mean=0.0, std=std)
+            elif "bias" in name:
+                param.zero_()
