@@ -1,0 +1,33 @@
+"""notify_event: the door other apps (rollouts) use to send notices."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from controlplane.alerts import notify
+from controlplane.alerts.engine import State
+from controlplane.alerts.labels import fingerprint
+from controlplane.alerts.models import Alert, AlertTransition
+
+T0 = datetime(2025, 3, 1, 9, 0, tzinfo=UTC)
+
+
+def test_an_event_fires_once_per_label_set_and_resolves_after_its_ttl(db: Any) -> None:
+    alert = notify.notify_event("RolloutAborted", labels={"rollout": "12"}, summary="rollout 12 aborted",
+                                severity="critical", ttl_seconds=60, now=T0)
+    assert alert.state == State.FIRING and alert.fired_at == T0
+    assert alert.labels == {"rollout": "12", "alertname": "RolloutAborted", "severity": "critical",
+                            "chunkpilot_event": "true"}
+    assert alert.fingerprint == fingerprint(alert.labels)
+
+    again = notify.notify_event("RolloutAborted", labels={"rollout": "12"}, summary="still aborted",
+                                severity="critical", ttl_seconds=60, now=T0 + timedelta(seconds=30))
+    assert again.pk == alert.pk and again.fired_at == T0  # refreshed, not re-fired
+    assert AlertTransition.objects.filter(alert=alert).count() == 1
+
+    notify.dispatch(T0 + timedelta(seconds=89))
+    assert Alert.objects.get(pk=alert.pk).state == State.FIRING
+    notify.dispatch(T0 + timedelta(seconds=91))
+    expired = Alert.objects.get(pk=alert.pk)
+    assert expired.state == State.RESOLVED and expired.resolved_at == T0 + timedelta(seconds=90)
