@@ -1,5 +1,5 @@
 from django.contrib.auth import views as auth_views
-from django.urls import URLPattern, URLResolver, path
+from django.urls import URLPattern, URLResolver, include, path
 
 from dashboards import views
 
@@ -14,4 +14,5 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("profiles/<int:pk>/", views.profile_detail, name="profile-detail"),
     path("profiles/<int:pk>/edit/", views.profile_edit, name="profile-edit"),
     path("audit/", views.audit_log, name="audit-log"),
+    path("", include("dashboards.urls_metrics")),
 ]

@@ -15,14 +15,16 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.http import HttpResponse
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
+from rest_framework.renderers import BaseRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.metrics import figures, query
+from controlplane.metrics import exposition, figures, query
 from controlplane.metrics.figures import Objectives
 from controlplane.metrics.models import ScrapeRound, ScrapeStatus, ServiceObjectives
 
@@ -214,3 +216,26 @@ class TargetsView(APIView):
                 ],
             }
         )
+
+
+class _PrometheusText(BaseRenderer):
+    media_type = "text/plain"
+    format = "txt"
+    charset = "utf-8"
+
+    def render(self, data: Any, accepted_media_type: str | None = None, renderer_context: Any = None) -> bytes:
+        return data if isinstance(data, bytes) else str(data).encode()
+
+
+class PrometheusView(APIView):
+    """The control plane's own /metrics for a fleet's Prometheus: fleet,
+    scrape, objective and routing gauges, plus registered providers
+    (``controlplane.metrics.exposition``). Viewer role: a Prometheus job
+    authenticates with an API token (``authorization: {type: Token,
+    credentials: ...}``)."""
+
+    renderer_classes = [_PrometheusText]
+
+    @extend_schema(summary="Prometheus exposition of the control plane", responses={(200, "text/plain"): str})
+    def get(self, request: Request) -> HttpResponse:
+        return HttpResponse(exposition.render(), content_type=exposition.CONTENT_TYPE)

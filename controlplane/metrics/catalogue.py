@@ -97,9 +97,16 @@ class Layout:
 
     def buckets(self, histogram: str) -> list[tuple[float, int]]:
         """(upper bound, position) of the histogram's buckets, lowest first."""
-        prefix = f"{histogram}_bucket{{le="
-        out = [(float(key[len(prefix) : -1]), i) for i, key in enumerate(self.keys) if key.startswith(prefix)]
-        return sorted(out)
+        return self._buckets.get(histogram, [])
+
+    @cached_property
+    def _buckets(self) -> dict[str, list[tuple[float, int]]]:
+        out: dict[str, list[tuple[float, int]]] = {}
+        for i, key in enumerate(self.keys):
+            if "_bucket{le=" in key:
+                histogram, bound = key.split("_bucket{le=", 1)
+                out.setdefault(histogram, []).append((float(bound[:-1]), i))
+        return {h: sorted(b) for h, b in out.items()}
 
     def __len__(self) -> int:
         return len(self.keys)

@@ -88,7 +88,46 @@ class Objectives:
     tpot_seconds: float
 
 
-ScrapeFn = Callable[[Sequence[TargetWindows], int], Floats]
+class Group:
+    """One group's targets over the same points, with ``sum by (series)``
+    computed once and shared by every figure read from the group."""
+
+    def __init__(self, targets: Sequence[TargetWindows], num_points: int):
+        self.targets = list(targets)
+        self.num_points = num_points
+        self._sums: list[tuple[Layout, Floats, np.ndarray]] | None = None
+
+    @property
+    def range_seconds(self) -> float:
+        return self.targets[0].range_seconds
+
+    def sums(self) -> list[tuple[Layout, Floats, np.ndarray]]:
+        """Per distinct layout: the sum over its targets of every series'
+        increase, and where any target had data."""
+        if self._sums is None:
+            by_layout: dict[str, list[TargetWindows]] = {}
+            for t in self.targets:
+                by_layout.setdefault(t.layout.digest, []).append(t)
+            self._sums = []
+            for same in by_layout.values():
+                stacked = np.stack([t.increases for t in same])
+                seen = ~np.isnan(stacked).all(axis=0)
+                self._sums.append((same[0].layout, np.nansum(stacked, axis=0), seen))
+        return self._sums
+
+    def sum_key(self, key: str) -> Floats:
+        """``sum(increase(key[w]))``: NaN where no series of the group had data."""
+        total = np.zeros(self.num_points)
+        seen = np.zeros(self.num_points, dtype=bool)
+        for layout, sums, has in self.sums():
+            i = layout.index.get(key)
+            if i is not None:
+                total += np.where(has[:, i], sums[:, i], 0.0)
+                seen |= has[:, i]
+        return np.where(seen, total, np.nan)
+
+
+ScrapeFn = Callable[[Group], Floats]
 RequestFn = Callable[[RequestRows, Floats, float, Objectives], Floats]
 
 
@@ -102,18 +141,32 @@ class Figure:
     description: str
     promql: str = ""
     needs_peak_memory: bool = False
+    display: str = ""  # how to show a value: duration, percent, times, rate, number (default: from the unit)
     _scrape: ScrapeFn | None = field(default=None, repr=False, compare=False)
     _requests: RequestFn | None = field(default=None, repr=False, compare=False)
 
-    def from_targets(self, targets: Sequence[TargetWindows], num_points: int) -> Floats:
+    def from_group(self, group: Group) -> Floats:
         assert self._scrape is not None, self.name
-        if not targets:
-            return np.full(num_points, np.nan)
-        return self._scrape(targets, num_points)
+        if not group.targets:
+            return np.full(group.num_points, np.nan)
+        return self._scrape(group)
+
+    def from_targets(self, targets: Sequence[TargetWindows], num_points: int) -> Floats:
+        return self.from_group(Group(targets, num_points))
 
     def from_requests(self, rows: RequestRows, points: Floats, range_seconds: float, objectives: Objectives) -> Floats:
         assert self._requests is not None, self.name
         return self._requests(rows, points, range_seconds, objectives)
+
+    @property
+    def display_kind(self) -> str:
+        if self.display:
+            return self.display
+        return {"s": "duration", "ratio": "percent"}.get(self.unit, "rate" if self.unit.endswith("/s") else "number")
+
+    def format(self, value: float | None) -> str:
+        """A value as a person reads it; no data is an em dash, never 0."""
+        return format_value(value, self.display_kind, self.unit)
 
     def describe(self) -> dict[str, str]:
         return {
@@ -124,64 +177,67 @@ class Figure:
             "source": self.source,
             "description": self.description,
             "promql": self.promql,
+            "display": self.display_kind,
         }
+
+
+def format_value(value: float | None, kind: str, unit: str = "") -> str:
+    if value is None or not math.isfinite(value):
+        return "—"
+    if kind == "duration":
+        if abs(value) < 1:
+            return f"{value * 1000:.3g} ms" if abs(value) < 0.01 else f"{value * 1000:.0f} ms"
+        return f"{value:.2f} s"
+    if kind == "percent":
+        return f"{value * 100:.1f}%"
+    if kind == "times":
+        return f"{value:.2f}×"
+    suffix = {"requests/s": "/s", "tokens/s": " tok/s", "1/s": "/s", "tokens/step": " tok/step"}.get(unit, "")
+    if abs(value) >= 100:
+        return f"{value:,.0f}{suffix}"
+    return f"{value:.3g}{suffix}"
 
 
 # ---- scrape arithmetic: sums over a group's series --------------------------------
 
 
-def _sum_key(targets: Sequence[TargetWindows], key: str, num_points: int) -> Floats:
-    """``sum(increase(key[w]))``: NaN where no series of the group had data."""
-    total = np.zeros(num_points)
-    seen = np.zeros(num_points, dtype=bool)
-    for t in targets:
-        i = t.layout.index.get(key)
-        if i is None:
-            continue
-        column = t.increases[:, i]
-        has = ~np.isnan(column)
-        total[has] += column[has]
-        seen |= has
-    return np.where(seen, total, np.nan)
-
-
-def _sum_keys(targets: Sequence[TargetWindows], keys: Sequence[str], num_points: int) -> Floats:
-    parts = [_sum_key(targets, key, num_points) for key in keys]
-    stacked = np.vstack(parts)
+def _sum_keys(group: Group, keys: Sequence[str]) -> Floats:
+    stacked = np.vstack([group.sum_key(key) for key in keys])
     return np.where(np.isnan(stacked).all(axis=0), np.nan, np.nansum(stacked, axis=0))
 
 
 def _quantile(q: float, histogram: str) -> ScrapeFn:
-    def compute(targets: Sequence[TargetWindows], num_points: int) -> Floats:
-        bounds = sorted({b for t in targets for b, _ in t.layout.buckets(histogram)})
+    def compute(group: Group) -> Floats:
+        bounds = sorted({b for layout, _, _ in group.sums() for b, _ in layout.buckets(histogram)})
         if not bounds:
-            return np.full(num_points, np.nan)
-        per_bound = np.vstack([_sum_key(targets, catalogue.bucket_key(histogram, b), num_points) for b in bounds])
-        out = np.full(num_points, np.nan)
-        for j in range(num_points):
-            column = per_bound[:, j]
-            present = ~np.isnan(column)
-            if not present.any():
-                continue
-            value = promql.histogram_quantile(q, zip(np.asarray(bounds)[present], column[present], strict=True))
+            return np.full(group.num_points, np.nan)
+        per_bound = np.vstack([group.sum_key(catalogue.bucket_key(histogram, b)) for b in bounds])
+        out = promql.histogram_quantiles(q, bounds, per_bound)
+        # Points where only some bounds have data (series with different
+        # bucket layouts): Prometheus sums the bounds it has; do it one by one.
+        missing = np.isnan(per_bound)
+        partial = missing.any(axis=0) & ~missing.all(axis=0)
+        bound_array = np.asarray(bounds)
+        for j in np.flatnonzero(partial):
+            present = ~missing[:, j]
+            value = promql.histogram_quantile(q, zip(bound_array[present], per_bound[present, j], strict=True))
             out[j] = np.nan if value is None else value
         return out
 
     return compute
 
 
-def _ratio_of(numerator: Callable[[Sequence[TargetWindows], int], Floats],
-              denominator: Callable[[Sequence[TargetWindows], int], Floats]) -> ScrapeFn:
-    def compute(targets: Sequence[TargetWindows], num_points: int) -> Floats:
-        num, den = numerator(targets, num_points), denominator(targets, num_points)
+def _ratio_of(numerator: ScrapeFn, denominator: ScrapeFn) -> ScrapeFn:
+    def compute(group: Group) -> Floats:
+        num, den = numerator(group), denominator(group)
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.where(den > 0, num / den, np.nan)
 
     return compute
 
 
-def _keys(*keys: str) -> Callable[[Sequence[TargetWindows], int], Floats]:
-    return lambda targets, n: _sum_keys(targets, keys, n)
+def _keys(*keys: str) -> ScrapeFn:
+    return lambda group: _sum_keys(group, keys)
 
 
 def _mean(histogram: str) -> ScrapeFn:
@@ -189,20 +245,16 @@ def _mean(histogram: str) -> ScrapeFn:
 
 
 def _rate(*keys: str) -> ScrapeFn:
-    def compute(targets: Sequence[TargetWindows], num_points: int) -> Floats:
-        return _sum_keys(targets, keys, num_points) / targets[0].range_seconds
-
-    return compute
+    return lambda group: _sum_keys(group, keys) / group.range_seconds
 
 
 def _avg_over_targets(per_target: Callable[[TargetWindows], Floats]) -> ScrapeFn:
     """``avg by (group) (...)`` of a per-worker figure, ignoring workers without data."""
 
-    def compute(targets: Sequence[TargetWindows], num_points: int) -> Floats:
-        stacked = np.vstack([per_target(t) for t in targets])
-        with np.errstate(invalid="ignore"):
-            counts = (~np.isnan(stacked)).sum(axis=0)
-            return np.where(counts > 0, np.nansum(stacked, axis=0) / np.maximum(counts, 1), np.nan)
+    def compute(group: Group) -> Floats:
+        stacked = np.vstack([per_target(t) for t in group.targets])
+        counts = (~np.isnan(stacked)).sum(axis=0)
+        return np.where(counts > 0, np.nansum(stacked, axis=0) / np.maximum(counts, 1), np.nan)
 
     return compute
 
@@ -325,7 +377,7 @@ FIGURES: dict[str, Figure] = {
                 _avg_over_targets(_peak_to_mean),
                 f"avg by (G) (max_over_time(chunkpilot:memory_recent_peak_bytes[{W}]) / "
                 f"rate(chunkpilot:memory_byte_seconds_total[{W}]))",
-                needs_peak_memory=True),
+                needs_peak_memory=True, display="times"),
         _scrape("prefill_wait_mean", "Prefill wait mean", "s", L,
                 "Per prefill chunk, how long its request waited, schedulable, since its previous chunk ended (or "
                 "since arrival); mean over the window.",

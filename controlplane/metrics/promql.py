@@ -297,3 +297,50 @@ def max_in_windows(values: Floats, windows: Windows) -> Floats:
         bounds[1::2] = windows.last_index[has] + 1
         out[has] = np.fmax.reduceat(padded, bounds)[0::2]
     return out
+
+
+def histogram_quantiles(q: float, bounds: Sequence[float], counts: Floats) -> Floats:
+    """``histogram_quantile`` for many histograms with the same bucket bounds:
+    ``counts[i, j]`` is bucket ``i`` (ascending ``bounds``) of histogram ``j``.
+    NaN where Prometheus answers NaN. Same rules as ``histogram_quantile``,
+    vectorised over the histograms (the panel evaluates hundreds)."""
+    bounds_array = np.asarray(bounds, dtype=np.float64)
+    counts = np.array(counts, dtype=np.float64, copy=True)
+    num_buckets, num = counts.shape if counts.ndim == 2 else (0, 0)
+    out = np.full(num, np.nan)
+    if math.isnan(q) or num_buckets < 2 or not (math.isinf(bounds_array[-1]) and bounds_array[-1] > 0):
+        return out
+    if q < 0 or q > 1:
+        out[:] = -math.inf if q < 0 else math.inf
+        return out
+    if np.any(np.diff(bounds_array) <= 0):
+        raise ValueError("bounds must be strictly ascending (merge equal bounds first)")
+    # The envelope, ignoring float-noise differences (see histogram_quantile).
+    prev = counts[0].copy()
+    for i in range(1, num_buckets):
+        curr = counts[i]
+        abs_sum = np.abs(prev) + np.abs(curr)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            almost = np.where(
+                (prev == 0) | (curr == 0) | (abs_sum < _MIN_NORMAL),
+                np.abs(prev - curr) < SMALL_DELTA_TOLERANCE * _MIN_NORMAL,
+                np.abs(prev - curr) / abs_sum < SMALL_DELTA_TOLERANCE,
+            )
+        fix = (curr != prev) & (almost | (curr < prev))
+        counts[i] = np.where(fix, prev, curr)
+        prev = np.where(fix | (curr == prev), prev, curr)
+    observations = counts[-1]
+    rank = q * observations
+    reached = counts[:-1] >= rank  # [num_buckets - 1, num]
+    b = np.where(reached.any(axis=0), reached.argmax(axis=0), num_buckets - 1)
+    columns = np.arange(num)
+    below = np.where(b > 0, counts[np.maximum(b - 1, 0), columns], 0.0)
+    start = np.where(b > 0, bounds_array[np.maximum(b - 1, 0)], 0.0)
+    end = bounds_array[b]
+    in_bucket = counts[b, columns] - below
+    with np.errstate(divide="ignore", invalid="ignore"):
+        interpolated = start + (end - start) * ((rank - below) / in_bucket)
+    value = np.where(b == num_buckets - 1, bounds_array[-2], interpolated)
+    value = np.where((b == 0) & (bounds_array[0] <= 0), bounds_array[0], value)
+    ok = (observations > 0) & ~np.isnan(observations) & ~np.isnan(counts).any(axis=0)
+    return np.where(ok & ((b == num_buckets - 1) | (b == 0) & (bounds_array[0] <= 0) | (in_bucket != 0)), value, np.nan)

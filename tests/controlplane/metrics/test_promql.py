@@ -201,3 +201,23 @@ def test_max_in_windows_skips_empty_ranges_and_nan_samples() -> None:
     windows = promql.range_windows(times, np.zeros((4, 0)), None, np.array([10.0, 20.0, 30.0, 40.0]), 10.0)
     got = promql.max_in_windows(values, windows)
     assert got[0] == 3.0 and got[1] == 7.0 and math.isnan(got[2]) and got[3] == 1.0
+
+
+def test_vectorised_quantiles_agree_with_the_scalar_rules_case_by_case() -> None:
+    # Every hand-computed case above with a strictly ascending, +Inf-topped
+    # bucket list, side by side in one call.
+    cases = [
+        (0.5, BUCKETS), (0.05, BUCKETS), (0.99, BUCKETS),
+        (0.5, [(0.1, 10.0), (0.5, 8.0), (1.0, 20.0), (math.inf, 20.0)]),
+        (0.5, [(0.1, 0.0), (0.5, 0.0), (1.0, 0.0), (math.inf, 0.0)]),
+        (0.0, [(0.1, 0.0), (0.5, 3.0), (1.0, 3.0), (math.inf, 3.0)]),
+    ]
+    bounds = [0.1, 0.5, 1.0, math.inf]
+    for q in (0.0, 0.05, 0.5, 0.99):
+        counts = np.array([[c for _, c in buckets] for _, buckets in cases]).T
+        got = promql.histogram_quantiles(q, bounds, counts)
+        for j, (_, buckets) in enumerate(cases):
+            expected = promql.histogram_quantile(q, buckets)
+            assert (math.isnan(got[j]) and expected is None) or got[j] == pytest.approx(expected), (q, buckets)
+    assert promql.histogram_quantiles(0.5, [-1.0, 1.0, math.inf], np.array([[5.0], [10.0], [10.0]]))[0] == -1.0
+    assert math.isnan(promql.histogram_quantiles(0.5, [0.1, 1.0], np.array([[1.0], [2.0]]))[0])  # no +Inf

@@ -1,0 +1,73 @@
+// Metric charts: uPlot time series fed from JSON the server renders into the
+// page's live partial. The websocket (htmx's ws extension) swaps that partial
+// after every scrape; each chart then takes the new data in place. Without
+// JavaScript the partial's tables carry the same figures.
+(function () {
+  var COLORS = ["#2f5bd3", "#d9480f", "#1c7c4a", "#9c36b5", "#a15c00", "#0b7285", "#c2255c", "#5c940d"];
+  var charts = {};
+  window.chunkpilotCharts = charts;
+
+  function format(display, unit, v) {
+    if (v == null || !isFinite(v)) return "—";
+    if (display === "duration") return Math.abs(v) < 1 ? (v * 1000).toPrecision(3) + " ms" : v.toFixed(2) + " s";
+    if (display === "percent") return (v * 100).toFixed(1) + "%";
+    if (display === "times") return v.toFixed(2) + "×";
+    var suffix = unit === "tokens/s" ? " tok/s" : unit.slice(-2) === "/s" ? "/s" : "";
+    return (Math.abs(v) >= 100 ? Math.round(v).toLocaleString() : v.toPrecision(3)) + suffix;
+  }
+
+  function payload(el) {
+    var src = document.getElementById(el.getAttribute("data-source"));
+    return src ? JSON.parse(src.textContent) : null;
+  }
+
+  function options(el, p) {
+    var fmt = function (v) { return format(p.display, p.unit, v); };
+    return {
+      width: Math.max(300, el.clientWidth),
+      height: 220,
+      scales: { x: { time: true } },
+      legend: { live: true },
+      series: [{}].concat(p.lines.map(function (line, i) {
+        return { label: line.label, stroke: COLORS[i % COLORS.length], width: 2, spanGaps: false,
+                 value: function (u, v) { return fmt(v); } };
+      })),
+      axes: [{}, { size: 70, values: function (u, vals) { return vals.map(fmt); } }],
+    };
+  }
+
+  function data(p) {
+    return [p.times].concat(p.lines.map(function (line) { return line.values; }));
+  }
+
+  function draw(el) {
+    var p = payload(el);
+    if (!p || typeof uPlot === "undefined") return;
+    var id = el.getAttribute("data-chart");
+    var key = p.lines.map(function (l) { return l.label; }).join("|");
+    var chart = charts[id];
+    if (chart && chart.el === el && chart.key === key) {
+      chart.plot.setData(data(p));
+    } else {
+      if (chart) chart.plot.destroy();
+      el.querySelectorAll(".uplot, .empty-chart").forEach(function (n) { n.remove(); });
+      charts[id] = chart = { el: el, key: key, plot: new uPlot(options(el, p), data(p), el) };
+    }
+    chart.payload = p;
+    el.setAttribute("data-updates", String(Number(el.getAttribute("data-updates") || 0) + 1));
+    el.classList.toggle("no-data", !p.lines.length);
+  }
+
+  function refresh() {
+    document.querySelectorAll("[data-chart]").forEach(draw);
+  }
+
+  document.addEventListener("DOMContentLoaded", refresh);
+  document.addEventListener("htmx:wsAfterMessage", refresh);
+  window.addEventListener("resize", function () {
+    Object.keys(charts).forEach(function (id) {
+      var c = charts[id];
+      c.plot.setSize({ width: Math.max(300, c.el.clientWidth), height: 220 });
+    });
+  });
+})();
