@@ -1,0 +1,223 @@
+"""Evaluation against stored data: rules read the metrics registry and the
+fleet, alerts step their state machine at each tick, every transition is
+stored with its value, and two evaluators at once make one transition.
+
+Time moves with time-machine, one evaluation interval (15 s) per step."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import time_machine
+from django.db import connection
+
+from controlplane.alerts import defaults, evaluation
+from controlplane.alerts.engine import State
+from controlplane.alerts.models import Alert, AlertRule, AlertTransition
+from controlplane.audit.models import AuditEvent
+from controlplane.fleet.health import State as WorkerState
+from controlplane.fleet.models import Pool, Worker
+from controlplane.gateway.models import RoutingPool, RoutingTable
+from tests.controlplane.metrics.pages import Page, job, store
+
+T0 = datetime(2026, 4, 1, 12, 0, 0, tzinfo=UTC)
+FRAG = "chunkpilot:kv_fragmentation_ratio_seconds_total"
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def clock() -> Iterator[Any]:
+    with time_machine.travel(T0, tick=False) as traveller:
+        yield traveller
+
+
+@pytest.fixture
+def only_my_rules(shipped_rules: None) -> None:
+    """The shipped rules are there, switched off, out of each test's way."""
+
+
+def worker(name: str, pool: str) -> Worker:
+    p, _ = Pool.objects.get_or_create(name=pool)
+    return Worker.objects.create(name=name, url=f"http://{name}.invalid:8000", pool=p)
+
+
+def rule(**fields: Any) -> AlertRule:
+    fields.setdefault("name", "KVFragHigh")
+    fields.setdefault("figure", "kv_fragmentation")
+    fields.setdefault("group_by", "worker")
+    fields.setdefault("window_seconds", 60)
+    fields.setdefault("comparator", ">")
+    fields.setdefault("threshold", 0.5)
+    r = AlertRule(**fields)
+    r.full_clean()
+    r.save()
+    return r
+
+
+def scrape_fragmentation(until: float, ratios: dict[Worker, float], since: float = 0.0) -> None:
+    """Scrapes every 5 s in (since, until]: each worker's fragmentation integral grows at its ratio."""
+    jobs = {w: job(w) for w in ratios}
+    t = since + 5
+    while t <= until:
+        store(at(t), {jobs[w]: Page(counters={FRAG: 100 + ratio * t}) for w, ratio in ratios.items()})
+        t += 5
+
+
+def states() -> dict[str, str]:
+    return {a.labels.get("worker", a.labels.get("pool", "")): a.state_label for a in Alert.objects.all()}
+
+
+def test_a_scraped_figure_goes_pending_then_firing_per_worker_with_the_values_recorded(only_my_rules: None, clock: Any) -> None:
+    w1, w2 = worker("w1", "gpu-a"), worker("w2", "gpu-a")
+    r = rule(for_seconds=30, summary="{{ $labels.worker }} fragmentation {{ $value }}")
+    scrape_fragmentation(120, {w1: 0.8, w2: 0.1})
+
+    seen = []
+    for t in (60, 75, 90, 105):
+        clock.move_to(at(t))
+        evaluation.evaluate(at(t))
+        seen.append(states())
+    assert seen == [{"w1": "pending"}, {"w1": "pending"}, {"w1": "firing"}, {"w1": "firing"}]
+
+    alert = Alert.objects.get()
+    assert alert.labels == {"alertname": "KVFragHigh", "severity": "warning", "worker": "w1"}
+    assert alert.rule == r and alert.fired_at == at(90) and alert.active_at == at(60)
+    assert alert.value == pytest.approx(0.8)
+    assert alert.annotations["summary"] == "w1 fragmentation 0.8"
+    transitions = list(AlertTransition.objects.order_by("at").values_list("from_state", "to_state", "at", "value"))
+    assert transitions == [
+        (State.INACTIVE, State.PENDING, at(60), pytest.approx(0.8)),
+        (State.PENDING, State.FIRING, at(90), pytest.approx(0.8)),
+    ]
+    (event,) = AuditEvent.objects.filter(action="alert.firing")
+    assert event.actor_repr == "system:alerts" and event.after["value"] == pytest.approx(0.8)
+
+
+def test_scrapes_that_stop_give_no_data_not_a_resolution(only_my_rules: None, clock: Any) -> None:
+    w1 = worker("w1", "gpu-a")
+    rule(for_seconds=0, no_data_state="nodata")
+    scrape_fragmentation(60, {w1: 0.9})
+    clock.move_to(at(60))
+    evaluation.evaluate(at(60))
+    assert states() == {"w1": "firing"}
+    # No scrapes after 60 s: the 60-s window ending at 150 s is empty.
+    clock.move_to(at(150))
+    evaluation.evaluate(at(150))
+    assert states() == {"w1": "nodata"}
+    last = AlertTransition.objects.order_by("-at").first()
+    assert (last.from_state, last.to_state, last.value) == (State.FIRING, State.NODATA, None)
+
+
+def test_a_rule_counting_no_data_as_ok_resolves_and_says_why(only_my_rules: None, clock: Any) -> None:
+    w1 = worker("w1", "gpu-a")
+    rule(no_data_state="ok")
+    scrape_fragmentation(60, {w1: 0.9})
+    clock.move_to(at(60))
+    evaluation.evaluate(at(60))
+    clock.move_to(at(150))
+    evaluation.evaluate(at(150))
+    assert states() == {"w1": "resolved"}
+    assert "no data, counted as ok" in AlertTransition.objects.order_by("-at").first().reason
+
+
+def test_worker_missing_and_drift_come_from_the_fleet(only_my_rules: None, clock: Any) -> None:
+    a, b = worker("w1", "gpu-a"), worker("w2", "gpu-a")
+    Worker.objects.filter(pk=a.pk).update(state=WorkerState.UNHEALTHY)
+    Worker.objects.filter(pk=b.pk).update(drift_since=at(-400))
+    AlertRule.objects.filter(key__in=["worker-missing", "profile-drift"]).update(enabled=True)
+    evaluation.evaluate(at(0))
+    got = {(x.name, x.labels["worker"]): x.state_label for x in Alert.objects.all()}
+    assert got == {("WorkerMissing", "w1"): "firing", ("ProfileDrift", "w2"): "firing"}
+    # The worker comes back: resolved at the next tick.
+    Worker.objects.filter(pk=a.pk).update(state=WorkerState.READY)
+    evaluation.evaluate(at(15))
+    assert Alert.objects.get(labels__alertname="WorkerMissing").state == State.RESOLVED
+
+
+def test_an_alert_whose_worker_left_the_fleet_resolves(only_my_rules: None, clock: Any) -> None:
+    a = worker("w1", "gpu-a")
+    Worker.objects.filter(pk=a.pk).update(state=WorkerState.OFFLINE)
+    AlertRule.objects.filter(key="worker-missing").update(enabled=True)
+    evaluation.evaluate(at(0))
+    Worker.objects.filter(pk=a.pk).delete()
+    evaluation.evaluate(at(15))
+    assert Alert.objects.get().state == State.RESOLVED
+
+
+def test_canary_ttft_against_its_baseline_pool(only_my_rules: None, clock: Any) -> None:
+    from controlplane.gateway.models import RequestLog
+
+    pools = {role: Pool.objects.create(name=f"{role}-pool") for role in ("canary", "baseline", "stable")}
+    table = RoutingTable.objects.create(model="tiny")
+    for role, pool in pools.items():
+        RoutingPool.objects.create(table=table, pool=pool, role=role, weight_bp={"canary": 1000, "baseline": 1000, "stable": 8000}[role])
+    for i in range(100):
+        for role, ttft in (("canary", 0.9), ("baseline", 0.4), ("stable", 0.3)):
+            RequestLog.objects.create(request_id=f"{role}{i}", created_at=at(-250 + 2 * i), model="tiny", cohort=role,
+                                      pool=pools[role], ttft_seconds=ttft, status=200)
+    shipped = AlertRule.objects.get(key="canary-ttft-regression")
+    shipped.for_seconds = 0
+    shipped.enabled = True
+    shipped.save()
+    evaluation.evaluate(at(0))
+    alert = Alert.objects.get()
+    assert alert.state == State.FIRING
+    assert alert.labels == {"alertname": "CanaryTTFTRegression", "severity": "critical", "pool": "canary-pool",
+                            "cohort": "canary", "chunkpilot_action": "abort_rollout"}
+    assert alert.value == pytest.approx(0.9 / 0.4)
+    assert alert.annotations["value_detail"] == "canary-pool 0.9 vs baseline-pool 0.4"
+
+
+def test_the_same_tick_is_evaluated_once(only_my_rules: None, clock: Any) -> None:
+    w1 = worker("w1", "gpu-a")
+    rule()
+    scrape_fragmentation(60, {w1: 0.9})
+    first = evaluation.evaluate(at(60))
+    again = evaluation.evaluate(at(61))  # the same 15-s tick
+    assert (first.num_rules, len(first.transitions)) == (1, 1)
+    assert (again.num_rules, len(again.transitions)) == (0, 0)
+
+
+def test_a_rule_that_fails_to_evaluate_says_why_and_the_others_still_run(only_my_rules: None, clock: Any) -> None:
+    worker("w1", "gpu-a")
+    broken = rule(name="Broken")
+    AlertRule.objects.filter(pk=broken.pk).update(window_seconds=90 * 86400)  # past what the query layer allows
+    AlertRule.objects.filter(key="worker-missing").update(enabled=True)
+    result = evaluation.evaluate(at(0))
+    assert result.num_rules == 2
+    assert "window" in AlertRule.objects.get(pk=broken.pk).last_error
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_evaluators_at_once_make_one_transition(clock: Any) -> None:
+    defaults.install(AlertRule)
+    AlertRule.objects.update(enabled=False)
+    for i in range(20):
+        w = worker(f"w{i}", "gpu-a")
+        Worker.objects.filter(pk=w.pk).update(state=WorkerState.OFFLINE)
+    AlertRule.objects.filter(key="worker-missing").update(enabled=True)
+    barrier = threading.Barrier(2)
+    results: list[Any] = []
+
+    def evaluator() -> None:
+        try:
+            barrier.wait()
+            results.append(evaluation.evaluate(at(0)))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=evaluator) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(r.num_rules for r in results) == [0, 1]
+    assert AlertTransition.objects.count() == 20
+    assert Alert.objects.filter(state=State.FIRING).count() == 20
