@@ -22,6 +22,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import anyio
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -188,8 +189,10 @@ class OpenAIServer:
             return error_response(exc)
         finally:
             if not handed_over:
-                await self._close(engine, runs)
-                ticket.release()
+                try:
+                    await self._close(engine, runs)
+                finally:
+                    ticket.release()
 
     async def _start_runs(self, engine: AsyncEngine, req: p.CompletionRequest, request_ids: list[str]) -> list[_Run]:
         """Tokenize, check the context, submit, and await each first output."""
@@ -251,13 +254,18 @@ class OpenAIServer:
         return first
 
     async def _close(self, engine: AsyncEngine, runs: list[_Run]) -> None:
-        for run in runs:
-            aclose = getattr(run.stream, "aclose", None)
-            with contextlib.suppress(Exception):
-                if aclose is not None:
-                    await aclose()
-                if not run.finished:
-                    await engine.abort(run.request_id)
+        """End each run's engine stream and abort what is unfinished. Shielded:
+        on a client disconnect Starlette cancels the response's cancel scope,
+        and anyio would cancel every await in here again, leaving the request
+        running in the engine and its blocks held."""
+        with anyio.CancelScope(shield=True):
+            for run in runs:
+                aclose = getattr(run.stream, "aclose", None)
+                with contextlib.suppress(Exception):
+                    if aclose is not None:
+                        await aclose()
+                    if not run.finished:
+                        await engine.abort(run.request_id)
 
     async def _outputs(self, runs: list[_Run]) -> AsyncIterator[tuple[_Run, RequestOutput]]:
         """Every output of every run, first outputs first; runs interleave."""
@@ -449,8 +457,10 @@ class OpenAIServer:
             error = p.ApiError(f"The engine failed: {exc}", status=500, type="server_error")
             yield p.sse(error.body())
         finally:
-            await self._close(engine, runs)
-            ticket.release()
+            try:
+                await self._close(engine, runs)
+            finally:
+                ticket.release()
         yield p.SSE_DONE
 
 
