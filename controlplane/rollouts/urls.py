@@ -1,3 +1,8 @@
-from django.urls import URLPattern, URLResolver
+from rest_framework.routers import SimpleRouter
 
-urlpatterns: list[URLPattern | URLResolver] = []
+from controlplane.rollouts.api import AnalysisTemplateViewSet, RolloutViewSet
+
+router = SimpleRouter()
+router.register("rollouts", RolloutViewSet, basename="rollout")
+router.register("analysis-templates", AnalysisTemplateViewSet, basename="analysis-template")
+urlpatterns = router.urls

@@ -1,0 +1,39 @@
+"""Rollout gauges on the control plane's own ``/metrics`` (the metrics app's
+provider registry): one or two queries per scrape."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from controlplane.metrics import exposition
+from controlplane.rollouts.evaluator import Phase
+
+
+@exposition.register
+def rollout_gauges() -> Iterator[Metric]:
+    from django.db.models import Count
+
+    from controlplane.rollouts.models import Rollout
+
+    by_phase = GaugeMetricFamily("chunkpilot_rollouts", "Rollouts by phase.", labels=["phase"])
+    counts = dict(Rollout.objects.values_list("phase").annotate(n=Count("id")).values_list("phase", "n"))
+    for phase in Phase:
+        by_phase.add_metric([phase.label], counts.get(phase.value, 0))
+    yield by_phase
+    labels = ["rollout", "pool", "canary_pool", "phase"]
+    step = GaugeMetricFamily("chunkpilot_rollout_step", "Current step index of each unfinished rollout.", labels=labels)
+    weight = GaugeMetricFamily("chunkpilot_rollout_canary_weight_bp",
+                               "Canary weight (basis points) of each unfinished rollout.", labels=labels)
+    paused = GaugeMetricFamily("chunkpilot_rollout_paused", "1 while a rollout waits for a person.", labels=labels)
+    for rollout_id, pool, canary, phase, step_index, weights in Rollout.objects.active().values_list(
+        "id", "stable_pool__name", "canary_pool__name", "phase", "step_index", "weights"
+    ):
+        values = [str(rollout_id), pool, canary, Phase(phase).label]
+        step.add_metric(values, step_index)
+        weight.add_metric(values, (weights or {}).get("canary", 0))
+        paused.add_metric(values, 1 if phase == Phase.PAUSED else 0)
+    yield step
+    yield weight
+    yield paused

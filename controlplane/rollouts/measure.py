@@ -1,0 +1,65 @@
+"""One analysis measurement's numbers, from the metrics app's query layer.
+
+Every metric of the run is read over the same window ending ``now``,
+grouped by pool, and the canary pool's value is paired with the baseline's
+(the baseline pool if the rollout has one, else the stable pool). The
+sample count of both sides is the number of client requests the gateways
+logged for that pool in the window (``request_count``): the figures that
+come from scraped histograms count the same requests.
+
+Rates (``*/s`` units) depend on how much traffic a pool gets, so they are
+divided by the pool's share of the routing weights: "throughput per 100% of
+traffic", comparable between a 10% canary and a 90% stable pool.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from controlplane.rollouts.judge import RunSpec, Sample
+
+if TYPE_CHECKING:
+    from controlplane.rollouts.models import Rollout
+
+log = logging.getLogger(__name__)
+
+SAMPLE_FIGURE = "request_count"
+
+
+def sides(rollout: Rollout) -> tuple[tuple[str, str], tuple[str, str]]:
+    """((canary pool name, role), (baseline pool name, role))."""
+    if rollout.baseline_pool_id is not None:
+        baseline = (rollout.baseline_pool.name, "baseline")
+    else:
+        baseline = (rollout.stable_pool.name, "stable")
+    return (rollout.canary_pool.name, "canary"), baseline
+
+
+def collect(rollout: Rollout, spec: RunSpec, weights: dict[str, int], now: datetime) -> dict[str, Sample]:
+    from controlplane.metrics import figures, query
+
+    (canary, canary_role), (baseline, baseline_role) = sides(rollout)
+    names = sorted({rule.figure for rule in spec.metrics} | {SAMPLE_FIGURE})
+    try:
+        values = query.query_many(names, spec.lookback_seconds, group_by="pool", now=now)
+    except Exception as exc:  # noqa: BLE001 - a failed query is an ERROR measurement, not a crash
+        log.warning("rollout %s: metrics query failed", rollout.pk, exc_info=True)
+        return {rule.name: Sample(None, None, 0, 0, error=f"{type(exc).__name__}: {exc}") for rule in spec.metrics}
+    counts = values.get(SAMPLE_FIGURE, {})
+    n_canary, n_baseline = int(counts.get(canary) or 0), int(counts.get(baseline) or 0)
+    out = {}
+    for rule in spec.metrics:
+        by_pool = values.get(rule.figure, {})
+        c, b = by_pool.get(canary), by_pool.get(baseline)
+        if figures.get(rule.figure).unit.endswith("/s"):
+            c, b = _per_share(c, weights.get(canary_role, 0)), _per_share(b, weights.get(baseline_role, 0))
+        out[rule.name] = Sample(c, b, n_canary, n_baseline)
+    return out
+
+
+def _per_share(value: float | None, weight_bp: int) -> float | None:
+    if value is None or weight_bp <= 0:
+        return None
+    return value * 10_000 / weight_bp

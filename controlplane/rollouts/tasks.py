@@ -1,0 +1,49 @@
+"""Celery tasks: ``reconcile(rollout_id)`` drives one rollout from its stored
+state (see ``controller``); beat's ``sweep`` restarts rollouts whose next
+run is overdue (a task lost with its worker: acks_late redelivers it only
+after the broker's visibility timeout).
+
+Tasks take ids and re-read the row; a rollout that is gone is a quiet
+return. Only a lost database or Redis connection is retried, with capped
+exponential backoff; anything else is a bug and is logged, and the sweeper
+tries again later.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+from django.db import InterfaceError, OperationalError
+from django.utils import timezone
+
+from controlplane.celery import app
+from controlplane.rollouts import conf
+
+RETRIED = (OperationalError, InterfaceError, redis.ConnectionError, redis.TimeoutError)
+
+
+@app.task(name="rollouts.reconcile", autoretry_for=RETRIED, retry_backoff=1, retry_backoff_max=30,
+          retry_jitter=True, max_retries=20)
+def reconcile(rollout_id: int, token: str | None = None) -> None:
+    from controlplane.rollouts import controller
+
+    controller.drive(rollout_id, token)
+
+
+@app.task(name="rollouts.sweep", autoretry_for=RETRIED, retry_backoff=1, retry_backoff_max=30, max_retries=3)
+def sweep() -> list[int]:
+    """Kick every unfinished rollout whose next run should have happened."""
+    from controlplane.rollouts.models import Rollout
+
+    grace = float(conf.get("ROLLOUT_SWEEP_GRACE_SECONDS"))
+    overdue = list(Rollout.objects.overdue(timezone.now(), grace).values_list("pk", flat=True))
+    for rollout_id in overdue:
+        reconcile.delay(rollout_id)
+    return overdue
+
+
+@app.on_after_finalize.connect
+def schedule(sender: Any, **kwargs: Any) -> None:
+    interval = float(conf.get("ROLLOUT_SWEEP_INTERVAL_SECONDS"))
+    sender.add_periodic_task(interval, sweep.s(), name="rollout sweeper", expires=interval)
