@@ -12,6 +12,7 @@
 | GATEWAY_LOG_BATCH_SIZE | 500 | ... and as soon as this many are waiting |
 | GATEWAY_LOG_MAX_BACKLOG | 100000 | rows held while the database is away; older ones are dropped |
 | GATEWAY_LOG_RETENTION_DAYS | 7 | request-log rows older than this are deleted (Celery beat, hourly) |
+| GATEWAY_UPSTREAM_CLIENT | native | how to call workers: native (httptools) or httpx (see upstream.py) |
 | GATEWAY_REDIS_PREFIX | <channels prefix>:gateway | Redis namespace of notices and acks |
 """
 
@@ -34,6 +35,7 @@ DEFAULTS: dict[str, Any] = {
     "GATEWAY_LOG_MAX_BACKLOG": 100_000,
     "GATEWAY_LOG_RETENTION_DAYS": 7.0,
     "GATEWAY_LOG_PURGE_INTERVAL_SECONDS": 3600.0,
+    "GATEWAY_UPSTREAM_CLIENT": "native",
 }
 
 

@@ -13,6 +13,7 @@ what it asked for.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +21,13 @@ EVENT_END = b"\n\n"
 # An upstream that never ends an event (not SSE after all) is passed through
 # once this much is held, rather than buffered without bound.
 MAX_HELD_BYTES = 1 << 16
+# Most events are one token: they are read by pattern, not parsed (parsing
+# was 40% of the gateway's time per event). The patterns are safe against
+# generated text: inside a JSON string every quote is escaped, so `"text":"`
+# can only be a key and its value's start. Anything that might carry usage
+# or an error goes through the JSON parser.
+_NEEDS_PARSING = re.compile(rb'"usage":\s*\{|"error"\s*:')
+_HAS_CONTENT = re.compile(rb'"(?:text|content|reasoning_content)":\s*"[^"]|"tool_calls":\s*\[\s*\{')
 
 
 @dataclass
@@ -104,9 +112,12 @@ class StreamMeter:
         start = event.find(b"data:")
         if start < 0:
             return True  # comments, keep-alives, other fields
-        payload = event[start + 5 :].strip()
-        if payload == b"[DONE]":
-            self.done = True
+        payload = event[start + 5 :]
+        if _NEEDS_PARSING.search(payload) is None:
+            if _HAS_CONTENT.search(payload) is not None:
+                self._token(now)
+            elif payload.strip() == b"[DONE]":
+                self.done = True
             return True
         try:
             obj = json.loads(payload)
@@ -124,15 +135,18 @@ class StreamMeter:
             if self.strip_usage and not choices:
                 return False
         if choices and any(_has_content(choice) for choice in choices):
-            if self.first_token_at is None:
-                self.first_token_at = now
-            else:
-                gap = now - (self.last_token_at or now)
-                if gap > self.max_gap_seconds:
-                    self.max_gap_seconds = gap
-            self.last_token_at = now
-            self.num_token_events += 1
+            self._token(now)
         return True
+
+    def _token(self, now: float) -> None:
+        if self.first_token_at is None:
+            self.first_token_at = now
+        else:
+            gap = now - (self.last_token_at or now)
+            if gap > self.max_gap_seconds:
+                self.max_gap_seconds = gap
+        self.last_token_at = now
+        self.num_token_events += 1
 
     # ---- the figures, once the stream has ended ----------------------------
     @property

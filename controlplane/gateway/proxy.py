@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import time
@@ -190,6 +191,11 @@ class Gateway:
         self._upstream = self._upstream_factory()
         for hook in self._on_startup:
             await hook()
+        # Everything loaded so far (Django, the modules, the first snapshot)
+        # lives as long as the process: keep the cyclic GC from rescanning it.
+        # A full collection of that heap took 200 ms on a busy 2-core host,
+        # a stall every stream in flight would see.
+        gc.freeze()
 
     async def shutdown(self) -> None:
         for hook in self._on_shutdown:

@@ -82,3 +82,32 @@ def test_non_sse_bytes_are_passed_through_once_too_many_are_held() -> None:
     meter = StreamMeter(arrival=0.0)
     blob = b"x" * (1 << 17)
     assert meter.feed(blob, 0.0) == blob
+
+
+@pytest.mark.parametrize(
+    ("payload", "is_token"),
+    [
+        ({"choices": [{"index": 0, "text": 'say "text":"x" and "error": no', "finish_reason": None}]}, True),
+        ({"choices": [{"index": 0, "text": "", "finish_reason": "length"}], "usage": None}, False),
+        ({"choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": None}]}, False),
+        ({"choices": [{"index": 0, "delta": {"content": '"quoted"'}}]}, True),
+        ({"choices": [{"index": 0, "delta": {"reasoning_content": "hmm"}}]}, True),
+        ({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"name": "f"}}]}}]}, True),
+        ({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}, False),
+        ({"choices": [{"index": 0, "text": "a"}], "usage": {"prompt_tokens": 3, "completion_tokens": 1}}, True),
+    ],
+)
+def test_token_events_are_recognised_without_being_fooled_by_the_text(payload: dict, is_token: bool) -> None:
+    meter = StreamMeter(arrival=0.0)
+    meter.feed(event(payload), 1.0)
+    assert meter.num_token_events == int(is_token)
+    assert meter.upstream_error is None
+    if "usage" in payload and payload["usage"]:
+        assert meter.usage is not None and meter.usage.prompt_tokens == 3
+
+
+def test_whitespace_and_crlf_variants_of_events_are_read() -> None:
+    meter = StreamMeter(arrival=0.0)
+    meter.feed(b'data:{"choices":[{"text": "a"}]}\n\n', 1.0)
+    meter.feed(b"data:  [DONE]\n\n", 2.0)
+    assert meter.num_token_events == 1 and meter.done

@@ -8,20 +8,24 @@ import logging
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from controlplane.gateway import conf
 from controlplane.gateway.metrics import GatewayMetrics
 from controlplane.gateway.proxy import Gateway, ProxySettings
 from controlplane.gateway.runtime import LogWriter, Presence, Refresher
 from controlplane.gateway.state import StateHolder
-from controlplane.gateway.upstream import Upstream, UpstreamTimeouts
+from controlplane.gateway.upstream import CLIENTS, UpstreamTimeouts
 
 log = logging.getLogger("controlplane.gateway")
 
 
-def build_gateway(address: str) -> tuple[Gateway, LogWriter]:
+def build_gateway(address: str, *, client: str | None = None) -> tuple[Gateway, LogWriter]:
     """The app with its refresher and log writer wired in (not started)."""
+    client = client or str(conf.get("GATEWAY_UPSTREAM_CLIENT"))
+    if client not in CLIENTS:
+        raise CommandError(f"GATEWAY_UPSTREAM_CLIENT must be one of {', '.join(CLIENTS)}; got {client!r}")
+    upstream_class = CLIENTS[client]
     holder = StateHolder()
     metrics = GatewayMetrics()
     writer = LogWriter(
@@ -49,7 +53,7 @@ def build_gateway(address: str) -> tuple[Gateway, LogWriter]:
             max_attempts=int(conf.get("GATEWAY_MAX_ATTEMPTS")),
             eject_seconds=float(conf.get("GATEWAY_EJECT_SECONDS")),
         ),
-        upstream_factory=lambda: Upstream(timeouts),
+        upstream_factory=lambda: upstream_class(timeouts),
         on_startup=[refresher.start],
         on_shutdown=[refresher.stop],
     )
@@ -66,13 +70,14 @@ class Command(BaseCommand):
         parser.add_argument(
             "--advertise", help="host:port others know this gateway by (default: --host:--port)"
         )
+        parser.add_argument("--client", choices=sorted(CLIENTS), help="upstream HTTP client (default: GATEWAY_UPSTREAM_CLIENT)")
         parser.add_argument("--log-level", default="info")
 
     def handle(self, *args: Any, **options: Any) -> None:
         import uvicorn
 
         address = options["advertise"] or f"{options['host']}:{options['port']}"
-        app, writer = build_gateway(address)
+        app, writer = build_gateway(address, client=options["client"])
         writer.start()
         config = uvicorn.Config(
             app,

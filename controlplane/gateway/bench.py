@@ -1,0 +1,186 @@
+"""What the gateway adds to time-to-first-token, beside nginx. No Django.
+
+Three targets serve the same streams from one worker: the worker called
+directly, the gateway, and nginx (Debian's, as a reverse proxy with upstream
+keep-alive and buffering off, one worker process like the gateway's one
+event loop). A closed loop keeps ``num_streams`` streams in flight against one
+target at a time; phases alternate between targets in rotating order, so
+drift in the machine's load falls on all three alike. Each stream's TTFT is
+the time from writing the request to receiving its first body bytes (the
+worker sends its head with the first token). Added latency is a target's
+percentile minus the direct percentile at the same rank.
+
+Starts are staggered and token counts drawn from a seeded range, so requests
+arrive spread out rather than in waves of ``num_streams``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from controlplane.gateway.upstream import Upstream, UpstreamTimeouts
+
+NGINX = "/usr/sbin/nginx"
+
+
+@dataclass
+class Target:
+    name: str
+    url: str  # base URL
+    ttfts: list[float] = field(default_factory=list)
+    errors: int = 0
+    # One client per target, kept across phases: connections stay warm.
+    client: Upstream = field(default_factory=lambda: Upstream(UpstreamTimeouts(connect_seconds=10)))
+
+    def percentile(self, q: float) -> float:
+        """Nearest-rank percentile, seconds."""
+        ordered = sorted(self.ttfts)
+        rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
+        return ordered[rank - 1]
+
+
+@dataclass(frozen=True)
+class Load:
+    num_streams: int = 64
+    min_tokens: int = 16
+    max_tokens: int = 48
+    phase_seconds: float = 5.0
+    warmup_seconds: float = 1.0
+    num_rounds: int = 4
+    model: str = "bench"
+    seed: int = 0
+
+
+async def _one_stream(client: Upstream, target: Target, body: bytes, headers: list[tuple[bytes, bytes]],
+                      record: bool) -> None:
+    started = time.perf_counter()
+    try:
+        response = await client.send(target.url + "/v1/completions", headers, body)
+        first = True
+        async for _chunk in response.chunks():
+            if first:
+                first = False
+                if record:
+                    target.ttfts.append(time.perf_counter() - started)
+        if response.status != 200 and record:
+            target.errors += 1
+    except Exception:  # noqa: BLE001 - counted; a benchmark reports, it does not stop
+        if record:
+            target.errors += 1
+
+
+async def _phase(target: Target, load: Load, headers: list[tuple[bytes, bytes]], rng: random.Random,
+                 seconds: float, record: bool) -> None:
+    client = target.client
+    deadline = time.perf_counter() + seconds
+    bodies = [
+        json.dumps({"model": load.model, "prompt": "Say something.", "stream": True,
+                    "max_tokens": rng.randint(load.min_tokens, load.max_tokens), "temperature": 0,
+                    "ignore_eos": True}).encode()
+        for _ in range(4096)
+    ]
+
+    async def loop(i: int, offset: float) -> None:
+        await asyncio.sleep(offset)
+        n = i
+        while time.perf_counter() < deadline:
+            await _one_stream(client, target, bodies[n % len(bodies)], headers, record)
+            n += load.num_streams
+
+    stagger = 0.5  # seconds over which the first requests spread
+    await asyncio.gather(*(loop(i, stagger * i / load.num_streams) for i in range(load.num_streams)))
+
+
+async def run_load(targets: list[Target], load: Load, headers: list[tuple[bytes, bytes]],
+                   progress: callable | None = None) -> None:  # type: ignore[valid-type]
+    rng = random.Random(load.seed)
+    for target in targets:
+        await _phase(target, load, headers, rng, load.warmup_seconds, record=False)
+    try:
+        await _rounds(targets, load, headers, rng, progress)
+    finally:
+        for target in targets:
+            await target.client.close()
+
+
+async def _rounds(targets: list[Target], load: Load, headers: list[tuple[bytes, bytes]], rng: random.Random,
+                  progress: callable | None) -> None:  # type: ignore[valid-type]
+    for round_index in range(load.num_rounds):
+        order = targets[round_index % len(targets):] + targets[: round_index % len(targets)]
+        for target in order:
+            await _phase(target, load, headers, rng, load.phase_seconds, record=True)
+            if progress is not None:
+                progress(f"round {round_index + 1}/{load.num_rounds}: {target.name} ({len(target.ttfts)} streams)")
+
+
+# ---- nginx ------------------------------------------------------------------------------
+def nginx_config(workdir: Path, listen_port: int, upstream: str) -> str:
+    user = "user root;\n" if os.geteuid() == 0 else ""
+    return f"""{user}worker_processes 1;
+daemon off;
+pid {workdir}/nginx.pid;
+error_log {workdir}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    client_body_temp_path {workdir}/client_body;
+    proxy_temp_path {workdir}/proxy;
+    fastcgi_temp_path {workdir}/fastcgi;
+    uwsgi_temp_path {workdir}/uwsgi;
+    scgi_temp_path {workdir}/scgi;
+    upstream worker {{
+        server {upstream};
+        keepalive 256;
+    }}
+    server {{
+        listen 127.0.0.1:{listen_port};
+        location / {{
+            proxy_pass http://worker;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            proxy_request_buffering off;
+            proxy_read_timeout 300s;
+        }}
+    }}
+}}
+"""
+
+
+def start_nginx(workdir: Path, listen_port: int, upstream: str) -> subprocess.Popen[bytes]:
+    if not shutil.which(NGINX) and not Path(NGINX).exists():
+        raise RuntimeError(f"{NGINX} is missing: apt-get install nginx-light")
+    workdir.mkdir(parents=True, exist_ok=True)
+    conf = workdir / "nginx.conf"
+    conf.write_text(nginx_config(workdir, listen_port, upstream))
+    return subprocess.Popen([NGINX, "-p", str(workdir), "-c", str(conf)], start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=open(workdir / "stderr.log", "wb"))
+
+
+# ---- the report --------------------------------------------------------------------------
+def summary(targets: list[Target]) -> dict[str, dict[str, float]]:
+    direct = next(t for t in targets if t.name == "direct")
+    out: dict[str, dict[str, float]] = {}
+    for t in targets:
+        row = {"n": len(t.ttfts), "errors": t.errors}
+        for q in (50, 90, 99):
+            row[f"p{q}_ms"] = t.percentile(q) * 1000 if t.ttfts else float("nan")
+            row[f"added_p{q}_ms"] = (t.percentile(q) - direct.percentile(q)) * 1000 if t.ttfts else float("nan")
+        row["mean_ms"] = statistics.fmean(t.ttfts) * 1000 if t.ttfts else float("nan")
+        out[t.name] = row
+    return out
+
+
+def ratio(ours: float, theirs: float) -> float:
+    """Our added latency over nginx's; nginx's is floored at 10 µs (a
+    ratio to a difference lost in noise says nothing)."""
+    return ours / max(theirs, 0.01)

@@ -1,0 +1,267 @@
+"""``python manage.py bench_gateway``: the gateway's added TTFT beside nginx's,
+and how fast a routing change is acked by every gateway.
+
+It makes throwaway rows (a table, two pools, workers, a key; all named
+``bench-<id>`` and deleted afterwards) in the configured database, starts a
+worker (synthetic by default, see ``controlplane.gateway.synthetic``; or
+``--upstream URL`` for a real one), ``--gateways`` gateway processes and
+nginx, drives ``--streams`` concurrent streams through each in turn, then
+flips the canary weight ``--ack-trials`` times and times each change from
+the ``set_weights`` call until every gateway has acked it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from controlplane.gateway import bench
+from controlplane.gateway.upstream import CLIENTS
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise CommandError(f"{proc.args} exited with {proc.returncode}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        time.sleep(0.1)
+    raise CommandError(f"{url} did not answer within {timeout:.0f}s")
+
+
+@contextlib.contextmanager
+def process(argv: list[str], log: Path, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(5)
+
+
+class Command(BaseCommand):
+    help = "Benchmark the gateway's added TTFT against nginx, and routing-epoch ack latency."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--streams", type=int, default=64, help="concurrent streams (default 64)")
+        parser.add_argument("--rounds", type=int, default=4, help="rounds over the three targets (default 4)")
+        parser.add_argument("--phase-seconds", type=float, default=5.0, help="seconds per target per round")
+        parser.add_argument("--ttft-ms", type=float, default=20.0, help="synthetic worker's TTFT")
+        parser.add_argument("--itl-ms", type=float, default=20.0, help="synthetic worker's inter-token latency")
+        parser.add_argument("--tokens", default="16-48", help="output tokens per stream, a range (default 16-48)")
+        parser.add_argument("--upstream", help="a running worker's URL instead of the synthetic one")
+        parser.add_argument("--model", default="", help="model name the --upstream worker serves")
+        parser.add_argument("--client", choices=sorted(CLIENTS), default="native", help="the gateway's upstream client")
+        parser.add_argument("--gateways", type=int, default=2, help="gateway processes (traffic goes to the first)")
+        parser.add_argument("--ack-trials", type=int, default=20, help="weight changes timed until every gateway acks")
+        parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        lo, _, hi = options["tokens"].partition("-")
+        tag = f"bench-{uuid.uuid4().hex[:6]}"
+        model = options["model"] or tag
+        load = bench.Load(
+            num_streams=options["streams"], min_tokens=int(lo), max_tokens=int(hi or lo),
+            phase_seconds=options["phase_seconds"], num_rounds=options["rounds"], model=model,
+        )
+        with tempfile.TemporaryDirectory(prefix="bench-gateway-") as tmp:
+            workdir = Path(tmp)
+            with self._worker(options, workdir) as worker_url:
+                rows = _Rows.make(tag, model, worker_url)
+                try:
+                    self._run(options, load, rows, worker_url, workdir)
+                finally:
+                    rows.delete()
+
+    @contextlib.contextmanager
+    def _worker(self, options: dict[str, Any], workdir: Path) -> Iterator[str]:
+        if options["upstream"]:
+            yield options["upstream"].rstrip("/")
+            return
+        port = free_port()
+        argv = [sys.executable, "-m", "controlplane.gateway.synthetic", "--port", str(port), "--name", "w",
+                "--ttft-ms", str(options["ttft_ms"]), "--itl-ms", str(options["itl_ms"])]
+        with process(argv, workdir / "worker.log") as proc:
+            url = f"http://127.0.0.1:{port}"
+            wait_http(f"{url}/health", proc)
+            yield url
+
+    def _run(self, options: dict[str, Any], load: bench.Load, rows: _Rows, worker_url: str, workdir: Path) -> None:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        with contextlib.ExitStack() as stack:
+            gateway_urls = []
+            for i in range(options["gateways"]):
+                port = free_port()
+                argv = [sys.executable, "manage.py", "rungateway", "--port", str(port), "--client", options["client"],
+                        "--log-level", "warning"]
+                proc = stack.enter_context(process(argv, workdir / f"gateway-{i}.log", env))
+                url = f"http://127.0.0.1:{port}"
+                wait_http(f"{url}/health", proc)
+                gateway_urls.append(url)
+            nginx_port = free_port()
+            nginx = bench.start_nginx(workdir / "nginx", nginx_port, worker_url.removeprefix("http://"))
+            stack.callback(_stop, nginx)
+            nginx_url = f"http://127.0.0.1:{nginx_port}"
+            wait_until_up(nginx_url, nginx)
+            for url in gateway_urls:  # each has the bench table before traffic starts
+                _wait_for(lambda u=url: load.model in httpx.get(f"{u}/health", timeout=2).json().get("models", {}))
+
+            targets = [bench.Target("direct", worker_url), bench.Target("gateway", gateway_urls[0]),
+                       bench.Target("nginx", nginx_url)]
+            headers = [(b"content-type", b"application/json"), (b"authorization", f"Bearer {rows.key}".encode())]
+            self.stdout.write(
+                f"{load.num_streams} concurrent streams, {load.min_tokens}-{load.max_tokens} tokens each, "
+                f"{load.num_rounds} rounds x {load.phase_seconds:g}s per target; worker: "
+                + (worker_url if options["upstream"] else
+                   f"synthetic (TTFT {options['ttft_ms']:g} ms, ITL {options['itl_ms']:g} ms)")
+                + f"; gateway client: {options['client']}; {os.cpu_count()} CPUs"
+            )
+            _use_uvloop()
+            asyncio.run(bench.run_load(targets, load, headers, progress=lambda m: self.stderr.write(m)))
+            figures = bench.summary(targets)
+            acks = rows.time_acks(options["ack_trials"])
+            self._report(figures, acks, options)
+
+    def _report(self, figures: dict[str, dict[str, float]], acks: list[float], options: dict[str, Any]) -> None:
+        out = self.stdout.write
+        out(f"{'target':8} {'streams':>7} {'errors':>6} {'P50 ms':>8} {'P90 ms':>8} {'P99 ms':>8} "
+            f"{'added P50':>10} {'added P99':>10}")
+        for name, row in figures.items():
+            out(f"{name:8} {row['n']:7.0f} {row['errors']:6.0f} {row['p50_ms']:8.2f} {row['p90_ms']:8.2f} "
+                f"{row['p99_ms']:8.2f} {row['added_p50_ms']:10.3f} {row['added_p99_ms']:10.3f}")
+        gw, nx = figures["gateway"], figures["nginx"]
+        r50 = bench.ratio(gw["added_p50_ms"], nx["added_p50_ms"])
+        r99 = bench.ratio(gw["added_p99_ms"], nx["added_p99_ms"])
+        out(f"gateway added TTFT: P50 {gw['added_p50_ms']:.3f} ms (goal <= 1), P99 {gw['added_p99_ms']:.3f} ms (goal <= 5)")
+        out(f"nginx added TTFT:   P50 {nx['added_p50_ms']:.3f} ms, P99 {nx['added_p99_ms']:.3f} ms")
+        out(f"gateway/nginx added-latency ratio: P50 {r50:.1f}x, P99 {r99:.1f}x (goal <= 3x)")
+        ack_figures: dict[str, float] = {}
+        if acks:
+            ordered = sorted(acks)
+            ack_figures = {
+                "p50_ms": ordered[len(ordered) // 2] * 1000,
+                "p99_ms": ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)] * 1000,
+                "max_ms": ordered[-1] * 1000,
+            }
+            out(f"routing change acked by all {options['gateways']} gateways ({len(acks)} changes): "
+                f"P50 {ack_figures['p50_ms']:.1f} ms, P99 {ack_figures['p99_ms']:.1f} ms, "
+                f"max {ack_figures['max_ms']:.1f} ms (rollout goal: P99 <= 1000 ms)")
+        if options["json"]:
+            out(json.dumps({"ttft": figures, "ratio_p50": r50, "ratio_p99": r99, "acks": ack_figures}))
+
+
+def _use_uvloop() -> None:
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(10)
+
+
+def wait_until_up(url: str, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise CommandError(f"nginx exited with {proc.returncode}; see its stderr.log")
+        with contextlib.suppress(httpx.HTTPError):
+            httpx.get(f"{url}/health", timeout=2)
+            return
+        time.sleep(0.1)
+    raise CommandError("nginx did not start")
+
+
+def _wait_for(predicate: Any, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise CommandError("the gateways did not load the bench routing table")
+        time.sleep(0.1)
+
+
+class _Rows:
+    """The benchmark's own rows, made and removed around the run."""
+
+    def __init__(self, tag: str, table: Any, pools: list[Any], workers: list[Any], key_row: Any, key: str):
+        self.tag, self.table, self.pools, self.workers, self.key_row, self.key = tag, table, pools, workers, key_row, key
+
+    @classmethod
+    def make(cls, tag: str, model: str, worker_url: str) -> _Rows:
+        from controlplane.fleet.health import State
+        from controlplane.fleet.models import Pool, Worker
+        from controlplane.gateway.models import ClientKey, PoolSpec, RoutingTable
+
+        actor = f"system:{tag}"
+        if RoutingTable.objects.filter(model=model).exists():
+            raise CommandError(f"a routing table for {model!r} exists already; benchmark another model name")
+        pools = [Pool.objects.create(name=f"{tag}-{role}") for role in ("stable", "canary")]
+        workers = [
+            Worker.objects.create(name=f"{tag}-{pool.name}", url=worker_url, pool=pool, state=State.READY,
+                                  model=model)
+            for pool in pools
+        ]
+        table = RoutingTable.create_audited(model, actor=actor)
+        table.configure([PoolSpec(pools[0], "stable", 10000), PoolSpec(pools[1], "canary", 0)], actor=actor)
+        key_row, key = ClientKey.issue(tag)
+        return cls(tag, table, pools, workers, key_row, key)
+
+    def time_acks(self, num_trials: int) -> list[float]:
+        """Seconds from each weight change's call until every gateway acked it."""
+        times = []
+        for i in range(num_trials):
+            canary = 0 if i % 2 else 1000
+            started = time.perf_counter()
+            epoch = self.table.set_weights({"canary": canary, "stable": 10000 - canary}, actor=f"system:{self.tag}")
+            status = self.table.wait_for_acks(epoch, timeout_seconds=10)
+            elapsed = time.perf_counter() - started
+            if not status.complete:
+                raise CommandError(f"gateways {[g.id for g in status.pending]} did not ack epoch {epoch} in 10s")
+            times.append(elapsed)
+            time.sleep(0.05)
+        return times
+
+    def delete(self) -> None:
+        from controlplane.gateway.models import RequestLog
+
+        RequestLog.objects.filter(api_key=self.key_row).delete()
+        self.table.delete()
+        self.key_row.delete()
+        for worker in self.workers:
+            worker.delete()
+        for pool in self.pools:
+            pool.delete()
+
