@@ -15,4 +15,5 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("profiles/<int:pk>/edit/", views.profile_edit, name="profile-edit"),
     path("audit/", views.audit_log, name="audit-log"),
     path("", include("dashboards.urls_metrics")),
+    path("", include("dashboards.urls_rollouts")),
 ]

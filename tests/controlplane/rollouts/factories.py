@@ -78,17 +78,19 @@ def heartbeat(worker: Worker, state: str, running_revision_id: int | None) -> No
     worker.record_heartbeat(contract.parse_heartbeat(heartbeat_request(state, running_revision_id)))
 
 
-def follow(fleet: Fleet | None = None, *, only: list[Worker] | None = None) -> int:
+def follow(fleet: Fleet | None = None, *, only: list[Worker] | None = None, beat_all: bool = False) -> int:
     """Every worker does what its agent would: run its desired revision and
-    report ready. Returns how many switched."""
+    report ready (``beat_all``: every worker heartbeats, switched or not, as
+    live agents do). Returns how many switched."""
     switched = 0
     targets = only if only is not None else (fleet.all_workers() if fleet else list(Worker.objects.all()))
     for w in targets:
         worker = Worker.objects.for_heartbeat().get(pk=w.pk)
         desired = worker.effective_desired_revision_id()
-        if worker.running_revision_id != desired or worker.state != State.READY:
+        changed = worker.running_revision_id != desired or worker.state != State.READY
+        if changed or beat_all:
             heartbeat(worker, "ready", desired)
-            switched += 1
+        switched += changed
     return switched
 
 
@@ -131,3 +133,45 @@ def table_weights(table: RoutingTable) -> dict[str, int]:
 
 def kinds(rollout: Any) -> list[str]:
     return list(rollout.events.order_by("time", "id").values_list("kind", flat=True))
+
+
+class Agents:
+    """A thread that plays every worker's agent: each follows its desired
+    revision (``follow``) every ``interval`` seconds, until stopped."""
+
+    def __init__(self, fleet: Fleet, interval: float = 0.2):
+        import threading
+
+        self.fleet, self.interval = fleet, interval
+        self.paused = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="agents", daemon=True)
+
+    def __enter__(self) -> Agents:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        from django.db import connection
+
+        try:
+            while not self._stop.wait(self.interval):
+                if not self.paused.is_set():
+                    follow(self.fleet, beat_all=True)
+        finally:
+            connection.close()
+
+
+def wait_for(predicate: Any, timeout: float = 30.0, interval: float = 0.1, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not met after {timeout}s")
+        time.sleep(interval)
