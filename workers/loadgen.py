@@ -119,7 +119,8 @@ def _words(rng: random.Random, count: int) -> str:
 
 
 def _poisson_arrivals(rng: random.Random, rate: float, duration: float) -> list[float]:
-    times, t = [], 0.0
+    times: list[float] = []
+    t = 0.0
     while True:
         t += rng.expovariate(rate)
         if t >= duration:

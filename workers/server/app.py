@@ -19,7 +19,7 @@ import dataclasses
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -267,7 +267,7 @@ class OpenAIServer:
                     if not run.finished:
                         await engine.abort(run.request_id)
 
-    async def _outputs(self, runs: list[_Run]) -> AsyncIterator[tuple[_Run, RequestOutput]]:
+    async def _outputs(self, runs: list[_Run]) -> AsyncGenerator[tuple[_Run, RequestOutput], None]:
         """Every output of every run, first outputs first; runs interleave."""
         for run in runs:
             assert run.first is not None
