@@ -60,9 +60,10 @@ def engine_args_for(
         "tokenizer": model,
         "dtype": dtype,
         "seed": seed,
-        # Eager mode: no compile at start (slow on CPU, and it writes a cache
-        # under ~/.cache), and a profile switch rebuilds in seconds.
-        "enforce_eager": True,
+        # Eager on CPU: no compile at start (slow there, and it writes a cache
+        # under ~/.cache), and a profile switch rebuilds in seconds. A GPU
+        # keeps CUDA graphs: decode speed is worth the capture at each build.
+        "enforce_eager": device != "cuda",
         "enable_chunked_prefill": profile.is_chunked,
         "max_num_batched_tokens": profile.max_num_batched_tokens,
         "max_num_seqs": profile.max_num_seqs,
