@@ -454,11 +454,9 @@ class VLLMEngine:
             import torch
 
             torch.cuda.reset_peak_memory_stats()
-        probe.last_schedule = None
         outputs = llm.step()
         end = time.monotonic()
-        probe.step_finished(end)
-        schedule = probe.last_schedule
+        schedule = probe.take_schedule(end)
 
         by_internal = {s.internal_id: s for s in self._streams.values() if s.internal_id is not None}
         if schedule is not None:

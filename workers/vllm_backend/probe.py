@@ -78,7 +78,10 @@ class VLLMProbe:
         # (arrival, or the end of its previous prefill chunk).
         self._ready_since: dict[str, float] = {}
         self._scheduled_once: set[str] = set()
-        self.last_schedule: StepSchedule | None = None
+        # Schedules since the last ``take_schedule``: one per step here; with
+        # vLLM's batch queue (async scheduling on GPUs) a step may schedule a
+        # batch whose tokens come back a step later, and none is lost.
+        self._schedules: list[StepSchedule] = []
         self.last_prefix_cache = (0, 0)  # (queries, hits) of the last step
 
         original_schedule = self.scheduler.schedule
@@ -87,7 +90,7 @@ class VLLMProbe:
         def schedule(*args: Any, **kwargs: Any) -> Any:
             start = time.monotonic()
             output = original_schedule(*args, **kwargs)
-            self.last_schedule = self._classify(output, start)
+            self._schedules.append(self._classify(output, start))
             return output
 
         def get_output(*args: Any, **kwargs: Any) -> Any:
@@ -140,14 +143,26 @@ class VLLMProbe:
         step.num_preemptions = len(output.preempted_req_ids or ())
         return step
 
-    def step_finished(self, end: float) -> None:
-        """A chunk's request becomes schedulable again when its step ends."""
-        step = self.last_schedule
-        if step is None:
-            return
+    def take_schedule(self, end: float) -> StepSchedule | None:
+        """What was scheduled since the last call, as one step; a chunk's
+        request becomes schedulable again when its step ends."""
+        schedules, self._schedules = self._schedules, []
+        if not schedules:
+            return None
+        step = schedules[0]
+        for more in schedules[1:]:
+            step.num_prefill_tokens += more.num_prefill_tokens
+            step.num_decode_tokens += more.num_decode_tokens
+            step.num_scheduled_requests = max(step.num_scheduled_requests, more.num_scheduled_requests)
+            step.num_waiting = more.num_waiting
+            step.num_preemptions += more.num_preemptions
+            step.prefill_chunk_waits += more.prefill_chunk_waits
+            step.chunk_waits_by_request.update(more.chunk_waits_by_request)
+            step.first_scheduled += more.first_scheduled
         for req_id in step.chunk_waits_by_request:
             if req_id in self._ready_since:
                 self._ready_since[req_id] = end
+        return step
 
     def kv_occupancy(self) -> KVOccupancy:
         """Blocks referenced by live requests (shared prefix blocks once) and
