@@ -151,29 +151,26 @@ class ModelConfig:
             torch_dtype=dtype,
         )
 
-    def rope_inv_freq(self) -> list[float] | None:
-        """Scaled inverse frequencies for linear/llama3 RoPE; None for the default."""
-        if not self.rope_scaling:
-            return None
+    def rope_inv_freq(self) -> Any:
+        """RoPE inverse frequencies (float32 tensor), computed as transformers does."""
+        import torch
+
         dim = self.head_dim
-        base = [1.0 / (self.rope_theta ** (i / dim)) for i in range(0, dim, 2)]
+        inv = 1.0 / (self.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+        if not self.rope_scaling:
+            return inv
         kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
         factor = float(self.rope_scaling.get("factor", 1.0))
         if kind == "linear":
-            return [f / factor for f in base]
+            return inv / factor
         # llama3: keep high frequencies, divide low ones by factor, blend between.
         low = float(self.rope_scaling.get("low_freq_factor", 1.0))
         high = float(self.rope_scaling.get("high_freq_factor", 4.0))
         old_len = float(self.rope_scaling.get("original_max_position_embeddings", 8192))
         low_wavelen, high_wavelen = old_len / low, old_len / high
-        out = []
-        for f in base:
-            wavelen = 2 * math.pi / f
-            if wavelen < high_wavelen:
-                out.append(f)
-            elif wavelen > low_wavelen:
-                out.append(f / factor)
-            else:
-                smooth = (old_len / wavelen - low) / (high - low)
-                out.append((1 - smooth) * f / factor + smooth * f)
-        return out
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > low_wavelen, inv / factor, inv)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+        return torch.where(medium, smoothed, scaled)

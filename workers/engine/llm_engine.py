@@ -26,7 +26,7 @@ from workers.engine.memory import MemoryMeter, kv_block_bytes
 from workers.engine.model import LlamaForCausalLM
 from workers.engine.model_runner import ModelRunner
 from workers.engine.sampler import Sampler
-from workers.engine.scheduler import Scheduler
+from workers.engine.scheduler import ScheduledChunk, Scheduler
 from workers.engine.sequence import OutputKind, Sequence, SequenceStatus
 from workers.engine.tokenizer import IncrementalDetokenizer, Tokenizer
 from workers.engine_api import (
@@ -253,6 +253,29 @@ class LLMEngine:
             num_requests_waiting=len(self.scheduler.waiting),
             kv_cache_usage_perc=pool.num_used / pool.num_blocks,
         )
+
+    @torch.inference_mode()
+    def score(self, token_ids: list[int], chunk_size: int | None = None) -> torch.Tensor:
+        """Teacher-forced logits [len, vocab] (float32) of every position of
+        ``token_ids``, computed through the paged cache in chunks of
+        ``chunk_size`` tokens (whole when None), as prefill would. For tests and
+        tools; call between steps."""
+        _, ids, _ = self.check_request(list(token_ids), SamplingParams(max_tokens=1))
+        seq = Sequence("score", None, ids, SamplingParams(max_tokens=1), self.clock(), len(ids) + 1)
+        step = chunk_size or len(ids)
+        if self.blocks.blocks_needed(seq, len(ids)) > self.blocks.num_free_blocks:
+            raise RequestError("not enough free KV blocks to score this sequence now.", "prompt")
+        parts = []
+        try:
+            for start in range(0, len(ids), step):
+                n = min(step, len(ids) - start)
+                self.blocks.grow(seq, start + n)
+                logits, _, _ = self.runner.run([ScheduledChunk(seq, start, n, False)], all_logits=True)
+                parts.append(logits)
+                seq.num_computed_tokens = start + n
+        finally:
+            self.blocks.free(seq)
+        return torch.cat(parts)
 
     # ---- one step ----------------------------------------------------------
     def step(self) -> list[RequestOutput]:

@@ -105,13 +105,7 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        inv_freq = config.rope_inv_freq()
-        if inv_freq is None:
-            d = config.head_dim
-            inv = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
-        else:
-            inv = torch.tensor(inv_freq, dtype=torch.float32)
-        self.register_buffer("inv_freq", inv, persistent=False)
+        self.register_buffer("inv_freq", config.rope_inv_freq(), persistent=False)
 
     # ---- running ---------------------------------------------------------
     def rope_cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

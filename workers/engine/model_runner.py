@@ -48,8 +48,13 @@ class ModelRunner:
         self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(config.num_hidden_layers)]
 
     @torch.inference_mode()
-    def run(self, chunks: list[ScheduledChunk]) -> tuple[torch.Tensor, list[ScheduledChunk], StepShape]:
-        """Logits [S, vocab] (float32) for the S chunks that sample, those chunks, the step's shape."""
+    def run(
+        self, chunks: list[ScheduledChunk], all_logits: bool = False
+    ) -> tuple[torch.Tensor, list[ScheduledChunk], StepShape]:
+        """Logits [S, vocab] (float32) for the S chunks that sample, those chunks, the step's shape.
+
+        ``all_logits``: logits of every row instead, in the flat batch's order (scoring).
+        """
         bs = self.block_size
         singles = sorted((c for c in chunks if c.num_tokens == 1), key=lambda c: c.start)
         multis = [c for c in chunks if c.num_tokens > 1]
@@ -105,7 +110,7 @@ class ModelRunner:
             use_cpu_flash=self.use_cpu_flash,
         )
         hidden = self.model(torch.tensor(ids, dtype=torch.long, device=device), ctx)
-        if len(sample_rows) != hidden.shape[0]:
+        if not all_logits and len(sample_rows) != hidden.shape[0]:
             hidden = hidden[torch.tensor(sample_rows, dtype=torch.long, device=device)]
         logits = self.model.compute_logits(hidden)
         shape.num_tokens = len(ids)

@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import fcntl
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -71,37 +72,48 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("out_dir", type=Path, help="checkpoint directory to write (skipped when it already holds this seed)")
     parser.add_argument("--seed", type=int, default=0, help="training seed (default 0)")
     parser.add_argument("--quiet", action="store_true")
+    parser.add_argument(
+        "--train-steps", type=int, default=TRAIN_STEPS, help=argparse.SUPPRESS
+    )  # tests: a quick, still deterministic, build
 
 
 def main(args: argparse.Namespace) -> int:
     started = time.monotonic()
-    built = ensure_tiny_model(args.out_dir, seed=args.seed, log=None if args.quiet else print)
+    built = ensure_tiny_model(
+        args.out_dir, seed=args.seed, train_steps=args.train_steps, log=None if args.quiet else print
+    )
     if not args.quiet:
         print(f"tiny model ready at {built} ({time.monotonic() - started:.1f}s)")
     return 0
 
 
-def is_built(out_dir: Path, seed: int) -> bool:
+def _stamp(seed: int, train_steps: int) -> dict[str, int]:
+    return {"recipe": RECIPE_VERSION, "seed": seed, "train_steps": train_steps}
+
+
+def is_built(out_dir: Path, seed: int, train_steps: int = TRAIN_STEPS) -> bool:
     try:
         stamp = json.loads((out_dir / STAMP).read_text())
     except (OSError, ValueError):
         return False
-    return bool(stamp.get("recipe") == RECIPE_VERSION and stamp.get("seed") == seed)
+    return bool(stamp == _stamp(seed, train_steps))
 
 
-def ensure_tiny_model(out_dir: str | Path, *, seed: int = 0, log: object = None) -> Path:
+def ensure_tiny_model(
+    out_dir: str | Path, *, seed: int = 0, train_steps: int = TRAIN_STEPS, log: object = None
+) -> Path:
     out = Path(out_dir).resolve()
-    if is_built(out, seed):
+    if is_built(out, seed, train_steps):
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with _locked(out.parent / f".{out.name}.lock"):
-        if is_built(out, seed):  # another process built it while we waited
+        if is_built(out, seed, train_steps):  # another process built it while we waited
             return out
         if out.exists() and not (out / STAMP).exists() and any(out.iterdir()):
             raise FileExistsError(f"{out} exists and is not a tiny-model checkpoint; refusing to overwrite it.")
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
         try:
-            build(tmp, seed=seed, log=log if callable(log) else None)
+            build(tmp, seed=seed, train_steps=train_steps, log=log if callable(log) else None)
             if out.exists():
                 old = out.with_name(f".{out.name}.old-{os.getpid()}")
                 out.rename(old)
@@ -155,7 +167,7 @@ def train_tokenizer(texts: list[str]):  # -> tokenizers.Tokenizer
     return tokenizer
 
 
-def build(out: Path, *, seed: int, log=None) -> None:  # type: ignore[no-untyped-def]
+def build(out: Path, *, seed: int, train_steps: int = TRAIN_STEPS, log=None) -> None:  # type: ignore[no-untyped-def]
     import torch
     from safetensors.torch import save_file
 
@@ -187,8 +199,9 @@ def build(out: Path, *, seed: int, log=None) -> None:  # type: ignore[no-untyped
         generator = torch.Generator().manual_seed(seed)
         optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, betas=(0.9, 0.95), weight_decay=0.05)
         model.train()
-        for step in range(TRAIN_STEPS):
-            lr = LEARNING_RATE * min(1.0, (step + 1) / 20) * (0.1 + 0.9 * 0.5 * (1 + torch.cos(torch.tensor(step / TRAIN_STEPS * 3.14159265)).item()))
+        for step in range(train_steps):
+            # linear warm-up, then cosine decay to a tenth
+            lr = LEARNING_RATE * min(1.0, (step + 1) / 20) * (0.1 + 0.45 * (1 + math.cos(math.pi * step / train_steps)))
             for group in optimizer.param_groups:
                 group["lr"] = lr
             starts = torch.randint(0, len(data) - SEQ_LEN, (BATCH_SIZE,), generator=generator)
@@ -200,7 +213,7 @@ def build(out: Path, *, seed: int, log=None) -> None:  # type: ignore[no-untyped
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
-            if step % 50 == 0 or step == TRAIN_STEPS - 1:
+            if step % 50 == 0 or step == train_steps - 1:
                 say(f"step {step:4d}  loss {loss.item():.3f}  ({time.monotonic() - started:.0f}s)")
     finally:
         torch.set_num_threads(threads)
