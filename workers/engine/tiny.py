@@ -240,7 +240,7 @@ def build(out: Path, *, seed: int, train_steps: int = TRAIN_STEPS, log=None) -> 
         )
         + "\n"
     )
-    (out / STAMP).write_text(json.dumps({"recipe": RECIPE_VERSION, "seed": seed}) + "\n")
+    (out / STAMP).write_text(json.dumps(_stamp(seed, train_steps)) + "\n")
     say(f"built in {time.monotonic() - started:.0f}s")
 
 
