@@ -11,11 +11,13 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs apps loaded)
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from controlplane.fleet.heartbeat import HeartbeatFastPath  # noqa: E402
 from dashboards.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        # Heartbeats skip Django's request stack (see controlplane/fleet/heartbeat.py).
+        "http": HeartbeatFastPath(django_asgi_app),
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

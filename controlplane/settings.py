@@ -125,7 +125,22 @@ TEMPLATES = [
 # --- database -------------------------------------------------------------
 DATABASE_URL = env_str("DATABASE_URL")
 if DATABASE_URL:
-    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True)}
+    # No persistent connections by default: under ASGI every request runs in
+    # a fresh thread, and a thread's kept-open connection outlives it (the web
+    # server ran PostgreSQL out of connections in the heartbeat benchmark).
+    # Long-running processes can pool instead (DATABASE_POOL_MAX_SIZE).
+    DATABASES = {
+        "default": dj_database_url.parse(
+            DATABASE_URL, conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 0), conn_health_checks=True
+        )
+    }
+    if (pool_max_size := env_int("DATABASE_POOL_MAX_SIZE", 0)) and DATABASES["default"]["ENGINE"].endswith("postgresql"):
+        DATABASES["default"]["CONN_MAX_AGE"] = 0  # Django requires it with a pool
+        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+            "min_size": 1,
+            "max_size": pool_max_size,
+            "timeout": env_float("DATABASE_POOL_TIMEOUT_SECONDS", 10.0),
+        }
 else:
     DATABASES = {
         "default": {
@@ -207,6 +222,8 @@ SPECTACULAR_SETTINGS = {
 
 # --- fleet timing ---------------------------------------------------------
 HEARTBEAT_INTERVAL_SECONDS = env_float("HEARTBEAT_INTERVAL_SECONDS", 2.0)
+# Threads (each with its own database connection) per web process serving heartbeats.
+HEARTBEAT_THREADS = env_int("HEARTBEAT_THREADS", 8)
 WORKER_UNHEALTHY_AFTER_SECONDS = env_float("WORKER_UNHEALTHY_AFTER_SECONDS", 10.0)
 WORKER_OFFLINE_AFTER_SECONDS = env_float("WORKER_OFFLINE_AFTER_SECONDS", 60.0)
 HEALTH_SWEEP_INTERVAL_SECONDS = env_float("HEALTH_SWEEP_INTERVAL_SECONDS", 5.0)

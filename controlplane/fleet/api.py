@@ -34,6 +34,7 @@ from rest_framework.views import APIView
 from controlplane.accounts.roles import Role
 from controlplane.audit.api import AuditedMixin, AuditedModelViewSet
 from controlplane.fleet.health import State
+from controlplane.fleet.heartbeat import heartbeat_response
 from controlplane.fleet.models import (
     EnrollmentRefused,
     EnrollmentToken,
@@ -337,11 +338,6 @@ class WorkerSecretScheme(OpenApiAuthenticationExtension):
         return {"type": "http", "scheme": "bearer", "description": "the secret a worker got at registration"}
 
 
-class IsWorker(BasePermission):
-    def has_permission(self, request: Request, view: Any) -> bool:
-        return isinstance(request.auth, Worker)
-
-
 RegisterRequestDoc = inline_serializer(
     "AgentRegisterRequest",
     {
@@ -424,16 +420,22 @@ class AgentRegisterView(APIView):
 
 
 class AgentHeartbeatView(APIView):
-    """A worker's periodic report; the reply says what it should run."""
+    """A worker's periodic report; the reply says what it should run.
 
-    authentication_classes = [WorkerSecretAuthentication]
-    permission_classes = [IsWorker]
+    Served in production by the ASGI fast path (``fleet.heartbeat``); this
+    view runs the same ``heartbeat_response()`` for the test client and
+    carries the endpoint's OpenAPI description."""
+
+    authentication_classes = [WorkerSecretAuthentication]  # for the schema; checked below
+    permission_classes: list[type[BasePermission]] = []
+
+    def perform_authentication(self, request: Request) -> None:
+        pass  # heartbeat_response authenticates, exactly as the fast path does
 
     @extend_schema(request=HeartbeatRequestDoc, responses=HeartbeatReplyDoc, tags=["agent"])
     def post(self, request: Request) -> Response:
-        hb = contract.parse_heartbeat(request.data)
-        worker: Worker = request.auth
-        return Response(worker.record_heartbeat(hb))
+        status_code, payload, headers = heartbeat_response(request.headers.get("Authorization"), request.body)
+        return Response(payload, status=status_code, headers=headers)
 
 
 __all__ = [

@@ -75,6 +75,13 @@ class ProfileSerializer(serializers.ModelSerializer):
         latest = obj.latest_revision()
         return RevisionSerializer(latest).data if latest is not None else None
 
+    def validate_name(self, value: str) -> str:
+        # A name is how people, rollouts and the audit log say "chunked@3";
+        # renaming would rewrite what history appears to say.
+        if self.instance is not None and value != self.instance.name:
+            raise serializers.ValidationError("a profile's name cannot change; create a new profile.")
+        return value
+
     def validate_engine_kind(self, value: str) -> str:
         if self.instance is not None and value != self.instance.engine_kind:
             raise serializers.ValidationError(

@@ -11,7 +11,13 @@ from controlplane.accounts.roles import Role
 from controlplane.audit.models import AuditEvent
 from controlplane.fleet.models import Worker
 from controlplane.profiles.models import Profile
-from tests.controlplane.factories import enroll_worker, heartbeat_request, make_pool, make_profile, make_user
+from tests.controlplane.factories import (
+    enroll_worker,
+    heartbeat_request,
+    make_pool,
+    make_profile,
+    make_user,
+)
 from workers.contract import parse_heartbeat
 
 pytestmark = pytest.mark.django_db

@@ -11,7 +11,13 @@ from rest_framework.test import APIClient
 
 from controlplane.audit.models import AuditEvent
 from controlplane.fleet.models import EnrollmentToken, Worker
-from tests.controlplane.factories import enroll_worker, heartbeat_request, make_pool, make_profile, register_request
+from tests.controlplane.factories import (
+    enroll_worker,
+    heartbeat_request,
+    make_pool,
+    make_profile,
+    register_request,
+)
 from workers import contract
 
 pytestmark = pytest.mark.django_db

@@ -128,11 +128,12 @@ def test_monolithic_budget_below_a_running_workers_model_length_is_refused(opera
     assert "max length (2048)" in response.json()["max_num_batched_tokens"][0]
 
 
-def test_engine_kind_cannot_change(operator_api: APIClient) -> None:
+@pytest.mark.parametrize(("field", "value"), [("engine_kind", "vllm"), ("name", "renamed")])
+def test_engine_kind_and_name_cannot_change(operator_api: APIClient, field: str, value: str) -> None:
     revision = make_profile("kind")
-    response = operator_api.patch(f"/api/v1/profiles/{revision.profile_id}/", {"engine_kind": "vllm"}, format="json")
+    response = operator_api.patch(f"/api/v1/profiles/{revision.profile_id}/", {field: value}, format="json")
     assert response.status_code == 400
-    assert "engine_kind" in response.json()
+    assert field in response.json()
 
 
 def test_delete_removes_an_unused_profile_and_audits_it(operator_api: APIClient) -> None:

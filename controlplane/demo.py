@@ -1,0 +1,171 @@
+"""What ``python manage.py demo`` seeds and runs.
+
+``processes()`` is the one place that lists the demo's processes, in start
+order; a new component (the gateway, the load generator) adds its
+``ProcessSpec`` there. Everything runs on the embedded default unless
+``DATABASE_URL``/``REDIS_URL`` say otherwise.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import secrets
+import socket
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from django.db import transaction
+
+from controlplane.launcher import ProcessSpec
+
+PYTHON = sys.executable
+ADMIN_USERNAME = "admin"
+# The tiny model knows 32K positions; the demo caps workers at 4K so the
+# monolithic profile's budget (which must cover a whole prompt) stays small.
+DEMO_MAX_MODEL_LEN = 4096
+
+# Three reference workers in two pools (name, pool).
+DEMO_WORKERS = [("ref-1", "stable"), ("ref-2", "stable"), ("ref-3", "canary")]
+
+# Profiles as (name, engine kind, [(fields, comment), ...]): the chunked one
+# has two revisions so its page has a diff to show.
+DEMO_PROFILES: list[tuple[str, str, list[tuple[dict[str, Any], str]]]] = [
+    (
+        "chunked",
+        "reference",
+        [
+            ({"prefill_mode": "chunked", "max_num_batched_tokens": 512, "long_prefill_token_threshold": 256, "max_num_seqs": 32}, "Sarathi-style baseline"),
+            ({"prefill_mode": "chunked", "max_num_batched_tokens": 1024, "long_prefill_token_threshold": 512, "max_num_seqs": 32}, "bigger budget and chunks"),
+        ],
+    ),
+    (
+        "monolithic",
+        "reference",
+        [({"prefill_mode": "monolithic", "max_num_batched_tokens": DEMO_MAX_MODEL_LEN, "max_num_seqs": 32}, "classic baseline")],
+    ),
+]
+# Pool → (profile, revision) it should run.
+DEMO_POOLS = {"stable": ("chunked", 1), "canary": ("chunked", 2)}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class DemoContext:
+    host: str
+    port: int
+    data_dir: Path
+    admin_password: str
+    enroll_tokens: dict[str, str] = field(default_factory=dict)  # pool → plaintext token
+    model_dir: Path | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        """What every child needs to find the same database and Redis."""
+        return {"CHUNKPILOT_DATA_DIR": str(self.data_dir), "EXTERNAL_URL": self.url}
+
+
+def ensure_admin(password: str | None) -> str:
+    """The admin user, with ``password`` or a generated one; returns it."""
+    from django.contrib.auth import get_user_model
+
+    from controlplane.accounts.roles import Role, grant_role
+
+    password = password or secrets.token_urlsafe(12)
+    User = get_user_model()
+    user, _ = User.objects.get_or_create(username=ADMIN_USERNAME, defaults={"is_staff": True, "is_superuser": True})
+    user.is_staff = user.is_superuser = True
+    user.set_password(password)
+    user.save()
+    grant_role(user, Role.ADMIN)
+    return password
+
+
+@transaction.atomic
+def seed() -> dict[str, str]:
+    """Profiles, pools and one fresh enrollment token per pool. Safe to run
+    on every start: existing rows are kept, tokens of earlier runs revoked."""
+    from controlplane import audit
+    from controlplane.fleet.models import EnrollmentToken, Pool
+    from controlplane.profiles.models import Profile
+
+    actor = "system:demo"
+    for name, engine_kind, revisions in DEMO_PROFILES:
+        profile, created = Profile.objects.get_or_create(name=name, defaults={"engine_kind": engine_kind})
+        if created:
+            for fields, comment in revisions:
+                profile.add_revision(fields, comment=comment)
+            audit.record(actor, "profile.create", profile, None, profile.audit_state())
+    for pool_name, (profile_name, revision) in DEMO_POOLS.items():
+        pool, created = Pool.objects.get_or_create(name=pool_name)
+        if created:
+            pool.set_desired_revision(Profile.objects.get(name=profile_name).revisions.get(revision=revision))
+            audit.record(actor, "pool.create", pool, None, audit.snapshot(pool))
+    EnrollmentToken.objects.filter(name__startswith="demo:").delete()
+    tokens = {}
+    for pool in Pool.objects.filter(name__in=DEMO_POOLS):
+        token, plaintext = EnrollmentToken.issue(f"demo: {pool.name}", pool=pool)
+        audit.record(actor, "enrollment_token.create", token, None, audit.snapshot(token))
+        tokens[pool.name] = plaintext
+    return tokens
+
+
+def worker_server_available() -> bool:
+    return importlib.util.find_spec("workers.server.cli") is not None
+
+
+def processes(ctx: DemoContext) -> list[ProcessSpec]:
+    """Every process of the demo, in start order. Add new ones here."""
+    env = ctx.env()
+    specs = [
+        ProcessSpec(
+            "web",
+            [PYTHON, "-m", "uvicorn", "controlplane.asgi:application", "--host", ctx.host, "--port", str(ctx.port)],
+            env=env,
+            ready_url=f"{ctx.url}/login/",
+        ),
+        ProcessSpec(
+            "celery-worker",
+            [PYTHON, "-m", "celery", "-A", "controlplane", "worker", "--loglevel", "INFO", "--concurrency", "2",
+             "--without-gossip", "--without-mingle", "-n", "demo@%h"],
+            env=env,
+            ready_text="ready.",
+        ),
+        ProcessSpec(
+            "celery-beat",
+            [PYTHON, "-m", "celery", "-A", "controlplane", "beat", "--loglevel", "INFO",
+             "--schedule", str(ctx.data_dir / "celerybeat-schedule"), "--pidfile", ""],
+            env=env,
+            ready_text="beat: Starting",
+        ),
+    ]
+    if ctx.model_dir is not None:
+        for name, pool in DEMO_WORKERS:
+            port = free_port()
+            specs.append(
+                ProcessSpec(
+                    name,
+                    [PYTHON, "-m", "workers", "serve", "--engine", "reference", "--model", str(ctx.model_dir),
+                     "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(DEMO_MAX_MODEL_LEN),
+                     "--control-plane", ctx.url, "--enroll-token", ctx.enroll_tokens[pool], "--name", name,
+                     "--label", f"demo_pool={pool}", "--state-file", str(ctx.data_dir / "demo" / f"{name}.json")],
+                    env=env,
+                    # Up once its HTTP server answers; /health says 503 until the
+                    # engine has loaded, which the fleet page shows as it happens.
+                    ready_url=f"http://127.0.0.1:{port}/health",
+                    ready_on_any_status=True,
+                )
+            )
+    return specs
+
+
+__all__ = ["DemoContext", "ensure_admin", "seed", "processes", "worker_server_available"]

@@ -1,0 +1,116 @@
+"""The heartbeat endpoint's one code path, and the ASGI fast path that serves it.
+
+Heartbeats are the fleet's steady background load (every worker, every
+``HEARTBEAT_INTERVAL_SECONDS``). Through Django's full ASGI stack each one
+would cost a fresh thread, three sync/async hops around WhiteNoise and the
+middleware chain, and DRF's dispatch — several times the cost of the two
+queries that do the work. So ``asgi.py`` routes ``POST HEARTBEAT_PATH``
+straight here, to a small pool of long-lived threads that keep their
+database connections; everything else goes to Django as usual. The DRF view
+(``AgentHeartbeatView``) calls the same ``heartbeat_response()``, so the test
+client, the OpenAPI document and the fast path cannot disagree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+
+from workers import contract
+
+log = logging.getLogger(__name__)
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+UNAUTHORIZED_HEADERS = {"WWW-Authenticate": 'Bearer realm="worker"'}
+MAX_BODY_BYTES = 256 * 1024
+
+
+def heartbeat_response(authorization: str | None, body: bytes) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """Authenticate, parse, record: (HTTP status, JSON payload, headers).
+
+    401 for a missing or unknown worker secret, 400 by field for a body that
+    breaks the contract, else 200 with the contract's HeartbeatReply."""
+    from controlplane.fleet.models import Worker
+
+    scheme, _, secret = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not secret.strip():
+        return 401, {"detail": "expected 'Authorization: Bearer <worker secret>'."}, UNAUTHORIZED_HEADERS
+    worker = Worker.authenticate(secret.strip())
+    if worker is None:
+        return 401, {"detail": "unknown worker secret; register again."}, UNAUTHORIZED_HEADERS
+    try:
+        data = json.loads(body or b"null")
+    except ValueError as exc:
+        return 400, {"non_field_errors": [f"not valid JSON: {exc}"]}, {}
+    try:
+        hb = contract.parse_heartbeat(data)
+    except contract.ContractError as exc:
+        return 400, exc.errors, {}
+    return 200, dict(worker.record_heartbeat(hb)), {}
+
+
+class HeartbeatFastPath:
+    """ASGI middleware: serves ``POST HEARTBEAT_PATH``, passes the rest on."""
+
+    def __init__(self, app: ASGIApp, *, max_threads: int | None = None):
+        self.app = app
+        self.path = contract.HEARTBEAT_PATH
+        self.max_threads = max_threads or int(getattr(settings, "HEARTBEAT_THREADS", 8))
+        self._executor: ThreadPoolExecutor | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] != self.path or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        body = bytearray()
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > MAX_BODY_BYTES:
+                await _respond(send, 413, {"detail": "heartbeat body too large."}, {})
+                return
+        authorization = next(
+            (value.decode("latin-1") for name, value in scope.get("headers", []) if name == b"authorization"), None
+        )
+        if self._executor is None:
+            # Long-lived threads: each keeps its database connection, so at
+            # most max_threads connections per process, reused, never leaked.
+            self._executor = ThreadPoolExecutor(self.max_threads, thread_name_prefix="heartbeat")
+        loop = asyncio.get_running_loop()
+        status, payload, headers = await loop.run_in_executor(self._executor, _handle, authorization, bytes(body))
+        await _respond(send, status, payload, headers)
+
+
+def _handle(authorization: str | None, body: bytes) -> tuple[int, dict[str, Any], dict[str, str]]:
+    try:
+        return heartbeat_response(authorization, body)
+    except Exception:
+        log.exception("heartbeat failed")
+        connection.close()  # whatever went wrong, start the next one afresh
+        return 500, {"detail": "internal error"}, {}
+    finally:
+        if connection.settings_dict.get("OPTIONS", {}).get("pool"):
+            connection.close()  # back to the pool
+
+
+async def _respond(send: Send, status: int, payload: dict[str, Any], headers: dict[str, str]) -> None:
+    body = json.dumps(payload).encode()
+    raw_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw_headers += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw_headers})
+    await send({"type": "http.response.body", "body": body})

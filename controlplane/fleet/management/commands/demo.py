@@ -1,0 +1,85 @@
+"""``python manage.py demo``: the whole system on one machine.
+
+Migrates, makes the admin user (password from CHUNKPILOT_ADMIN_PASSWORD, or
+generated and printed), seeds profiles and pools, then starts the web server
+(port CHUNKPILOT_PORT, default 8000), a Celery worker and beat, and three
+reference workers on the tiny model, and prints where to log in. Ctrl-C
+stops every process, then the embedded Redis.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from controlplane import demo, embedded
+from controlplane.launcher import LaunchError, Supervisor
+
+
+class Command(BaseCommand):
+    help = "Run the whole system on this machine until Ctrl-C."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--host", default=os.environ.get("CHUNKPILOT_HOST", "127.0.0.1"))
+        parser.add_argument("--port", type=int, default=int(os.environ.get("CHUNKPILOT_PORT", "8000")))
+        parser.add_argument("--no-workers", action="store_true", help="control plane only")
+        parser.add_argument("--model", type=Path, help="the workers' checkpoint (default: the tiny model, built on first use)")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        data_dir = Path(settings.DATA_DIR)
+        say = self.stdout.write
+        say("Migrating the database…")
+        call_command("migrate", interactive=False, verbosity=0)
+        password = demo.ensure_admin(os.environ.get("CHUNKPILOT_ADMIN_PASSWORD"))
+        ctx = demo.DemoContext(host=options["host"], port=options["port"], data_dir=data_dir, admin_password=password)
+        ctx.enroll_tokens = demo.seed()
+
+        if options["no_workers"]:
+            pass
+        elif not demo.worker_server_available():
+            self.stderr.write("workers.server is not installed in this checkout: starting the control plane without workers.")
+        else:
+            ctx.model_dir = options["model"] or data_dir / "tiny-model"
+            if not options["model"]:
+                say(f"Building the tiny model in {ctx.model_dir} (once; about a minute)…")
+                subprocess.run([demo.PYTHON, "-m", "workers", "make-tiny-model", str(ctx.model_dir)], check=True)
+
+        supervisor = Supervisor(data_dir / "demo" / "logs")
+        supervisor.install_signal_handlers()
+        exited = None
+        try:
+            for spec in demo.processes(ctx):
+                supervisor.start(spec)
+            if not supervisor.stopping.is_set():
+                self._banner(ctx, supervisor.log_dir)
+                exited = supervisor.watch()
+        except LaunchError as exc:
+            if not supervisor.stopping.is_set():
+                raise CommandError(str(exc)) from exc
+        finally:
+            say("Stopping…")
+            supervisor.stop_all()
+            if settings.EMBEDDED_REDIS:
+                embedded.stop(data_dir)
+            say("Stopped.")
+        if exited is not None:
+            raise CommandError(f"{exited} exited; everything was stopped. Logs: {supervisor.log_dir}")
+
+    def _banner(self, ctx: demo.DemoContext, log_dir: Path) -> None:
+        lines = [
+            "",
+            "Chunkpilot is running.",
+            f"  Web UI:    {ctx.url}/",
+            f"  API docs:  {ctx.url}/api/docs/",
+            f"  Login:     {demo.ADMIN_USERNAME} / {ctx.admin_password}",
+            f"  Logs:      {log_dir}",
+            "  Ctrl-C stops everything.",
+            "",
+        ]
+        self.stdout.write(self.style.SUCCESS("\n".join(lines)))

@@ -1,0 +1,175 @@
+"""A small process supervisor for ``manage.py demo`` (and anything like it).
+
+Each ``ProcessSpec`` is started in its own session (so one signal reaches
+the process and every child it forks), its output goes to the console with
+a name prefix and to ``<log_dir>/<name>.log``, and the next one starts once
+it is ready (an HTTP URL answers, or a line appears in its output). Ctrl-C,
+SIGTERM, or any supervised process exiting stops them all in reverse order:
+SIGTERM to the group, then SIGKILL after a grace period.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import httpx
+
+STOP_GRACE_SECONDS = 10.0
+
+
+@dataclass
+class ProcessSpec:
+    name: str
+    argv: Sequence[str]
+    env: dict[str, str] = field(default_factory=dict)  # added to the launcher's environment
+    ready_url: str | None = None  # ready when this answers 2xx (or any status, below)
+    ready_on_any_status: bool = False  # e.g. a worker's /health is 503 until its engine loads
+    ready_text: str | None = None  # ...or when this appears in its output
+    ready_timeout_seconds: float = 120.0
+    cwd: Path | None = None
+
+
+class LaunchError(RuntimeError):
+    pass
+
+
+def _answers(url: str, any_status: bool) -> bool:
+    # httpx logs every request at INFO; readiness polls would flood the console.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    try:
+        with httpx.Client(timeout=2.0) as client:
+            response = client.get(url)
+    except httpx.HTTPError:
+        return False
+    return response.is_success or any_status
+
+
+class Running:
+    def __init__(self, spec: ProcessSpec, log_dir: Path, echo: Callable[[str], None]):
+        self.spec = spec
+        self._seen = ""
+        self._lock = threading.Lock()
+        self.log_path = log_dir / f"{spec.name}.log"
+        self._log: IO[str] = open(self.log_path, "w", buffering=1)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **spec.env}
+        self.popen = subprocess.Popen(
+            list(spec.argv),
+            cwd=spec.cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            errors="replace",
+            start_new_session=True,
+        )
+        self._reader = threading.Thread(target=self._pump, args=(echo,), name=f"out-{spec.name}", daemon=True)
+        self._reader.start()
+
+    def _pump(self, echo: Callable[[str], None]) -> None:
+        assert self.popen.stdout is not None
+        for line in self.popen.stdout:
+            self._log.write(line)
+            with self._lock:
+                self._seen = (self._seen + line)[-20000:]
+            echo(f"{self.spec.name:>14} | {line.rstrip()}")
+
+    def seen(self, text: str) -> bool:
+        with self._lock:
+            return text in self._seen
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def wait_ready(self, stopping: threading.Event) -> None:
+        spec = self.spec
+        deadline = time.monotonic() + spec.ready_timeout_seconds
+        while not stopping.is_set():
+            if not self.alive():
+                raise LaunchError(f"{spec.name} exited with {self.popen.returncode} before it was ready; see {self.log_path}")
+            if spec.ready_text is not None and self.seen(spec.ready_text):
+                return
+            if spec.ready_url is not None and _answers(spec.ready_url, spec.ready_on_any_status):
+                return
+            if spec.ready_url is None and spec.ready_text is None:
+                return
+            if time.monotonic() > deadline:
+                raise LaunchError(f"{spec.name} not ready after {spec.ready_timeout_seconds:.0f}s; see {self.log_path}")
+            stopping.wait(0.2)
+
+    def stop(self, grace_seconds: float = STOP_GRACE_SECONDS) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, signal.SIGTERM)
+        try:
+            self.popen.wait(grace_seconds)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(5)
+        # Children that outlived their leader still share its process group.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        self._reader.join(timeout=2)
+        self._log.close()
+
+
+class Supervisor:
+    """Start specs in order, watch them, stop them all on the first signal
+    or the first unexpected exit."""
+
+    def __init__(self, log_dir: Path, echo: Callable[[str], None] | None = None):
+        self.log_dir = log_dir
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.running: list[Running] = []
+        self.stopping = threading.Event()
+        self._echo_lock = threading.Lock()
+        self._echo = echo or self._print
+
+    def _print(self, line: str) -> None:
+        with self._echo_lock:
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+
+    def start(self, spec: ProcessSpec) -> Running:
+        if self.stopping.is_set():
+            raise LaunchError("stopping")
+        proc = Running(spec, self.log_dir, self._echo)
+        self.running.append(proc)
+        proc.wait_ready(self.stopping)
+        return proc
+
+    def install_signal_handlers(self) -> None:
+        def handler(signum: int, frame: object) -> None:
+            self.stopping.set()
+
+        signal.signal(signal.SIGINT, handler)
+        signal.signal(signal.SIGTERM, handler)
+
+    def watch(self) -> str | None:
+        """Block until a signal or until a process exits; returns the name of
+        the process that exited, or None for a signal."""
+        while not self.stopping.wait(0.5):
+            for proc in self.running:
+                if not proc.alive():
+                    self.stopping.set()
+                    return proc.spec.name
+        return None
+
+    def stop_all(self) -> None:
+        self.stopping.set()
+        for proc in reversed(self.running):
+            if proc.alive():
+                self._echo(f"{'launcher':>14} | stopping {proc.spec.name}")
+            proc.stop()
+        self.running.clear()

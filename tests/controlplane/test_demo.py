@@ -1,0 +1,81 @@
+"""``manage.py demo`` for real, on the embedded default: it comes up, the
+admin can log in, its three workers register and reach their pools'
+revisions, and Ctrl-C leaves no process and no Redis behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from controlplane import embedded
+from tests.support import PYTHON, Process, free_port
+
+pytestmark = pytest.mark.slow
+
+
+def processes_using(data_dir: Path) -> list[int]:
+    """Live processes started for this data dir (by their environment)."""
+    needle = f"CHUNKPILOT_DATA_DIR={data_dir}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def log_in(base: str, password: str) -> httpx.Client:
+    client = httpx.Client(base_url=base, follow_redirects=False)
+    client.get("/login/")
+    response = client.post(
+        "/login/",
+        data={"username": "admin", "password": password, "csrfmiddlewaretoken": client.cookies["csrftoken"]},
+        headers={"Referer": f"{base}/login/"},
+    )
+    assert response.status_code == 302 and response.headers["location"] == "/", response.text[:500]
+    return client
+
+
+def test_demo_runs_everything_and_ctrl_c_stops_it_cleanly(tmp_path: Path, tiny_model: Path) -> None:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "CHUNKPILOT_TEST_DB", "CELERY_QUEUE", "CHANNELS_PREFIX")}
+    env.update(CHUNKPILOT_DATA_DIR=str(tmp_path), CHUNKPILOT_PORT=str(port), CHUNKPILOT_ADMIN_PASSWORD="demo-secret", PYTHONUNBUFFERED="1")
+    demo = Process([PYTHON, "manage.py", "demo", "--model", str(tiny_model)], env=env, log_path=tmp_path / "demo.out")
+    try:
+        demo.wait_for_output("Chunkpilot is running.", timeout=240)
+        assert "admin / demo-secret" in demo.output()
+        base = f"http://127.0.0.1:{port}"
+        browser = log_in(base, "demo-secret")
+        try:
+            assert "Fleet" in browser.get("/").text
+            deadline = time.monotonic() + 180
+            while time.monotonic() < deadline:
+                rows = browser.get("/", headers={"HX-Request": "true"}).text
+                if rows.count('data-state="ready"') == 3:
+                    break
+                time.sleep(1)
+            assert rows.count('data-state="ready"') == 3, rows
+            assert rows.count(">in step<") == 3, "each worker runs its pool's revision"
+        finally:
+            browser.close()
+        assert embedded.socket_path(tmp_path).exists()
+        assert len(processes_using(tmp_path)) >= 7  # demo, web, celery ×2+, beat, 3 workers, redis
+
+        os.kill(demo.pid, signal.SIGINT)
+        demo.popen.wait(60)
+        assert demo.popen.returncode == 0, demo.output()[-3000:]
+        assert "Stopped." in demo.output()
+        assert processes_using(tmp_path) == []
+        assert not embedded.socket_path(tmp_path).exists() or not embedded._answers_ping(embedded.socket_path(tmp_path))
+    finally:
+        demo.stop()
+        embedded.stop(tmp_path)
