@@ -9,7 +9,7 @@ PIP := $(PY) -m pip
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
 
-.PHONY: install demo test test-fast bench lint typecheck clean
+.PHONY: install demo test test-fast bench bench-heartbeats lint typecheck clean
 
 # One stamp per input: editing pyproject.toml or package.json reinstalls.
 $(VENV)/.stamp-python: pyproject.toml
@@ -52,6 +52,13 @@ test-fast: install
 
 bench: install
 	$(PY) -m workers bench
+
+# Heartbeat handling of the control plane, on a scratch PostgreSQL database.
+BENCH_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/chunkpilot_bench
+bench-heartbeats: install
+	-createdb -h 127.0.0.1 -U postgres chunkpilot_bench 2>/dev/null
+	DATABASE_URL=$(BENCH_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) CHANNELS_PREFIX=bench \
+	  $(PY) manage.py bench_heartbeats --workers 300 --rate 300 --duration 20 --server-processes 2
 
 lint: install
 	$(VENV)/bin/ruff check controlplane workers dashboards tests
