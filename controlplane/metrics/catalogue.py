@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -26,6 +26,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane.metrics.promql import Floats
+from workers.figures import PROMPT_BUCKETS, prompt_bucket
 
 # Counters, by their sample name; a ``{kind=...}`` suffix keeps that label.
 COUNTERS: tuple[str, ...] = (
@@ -176,25 +177,12 @@ def parse(text: str) -> Scrape:
     return Scrape(layout, values, profile)
 
 
+# DESIGN.md's prompt-length buckets, named as the engine's figures name them.
+LENGTH_BUCKET_LABELS: tuple[str, ...] = tuple(name for name, _ in PROMPT_BUCKETS)
+
+
 def length_bucket(prompt_tokens: int) -> str:
-    """DESIGN.md's prompt-length buckets."""
-    for limit, label in LENGTH_BUCKETS:
-        if prompt_tokens <= limit:
-            return label
-    return LENGTH_BUCKET_LABELS[-1]
-
-
-LENGTH_BUCKETS: tuple[tuple[int, str], ...] = (
-    (512, "≤512"),
-    (2048, "≤2K"),
-    (8192, "≤8K"),
-    (32768, "≤32K"),
-)
-LENGTH_BUCKET_LABELS: tuple[str, ...] = (*(label for _, label in LENGTH_BUCKETS), ">32K")
-
-
-def length_bucket_edges() -> Sequence[int]:
-    return [limit for limit, _ in LENGTH_BUCKETS]
+    return prompt_bucket(prompt_tokens)
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ import numpy as np
 from controlplane.metrics import catalogue, promql
 from controlplane.metrics.catalogue import Layout
 from controlplane.metrics.promql import Floats
+from workers.figures import percentile
 
 
 class Direction(StrEnum):
@@ -292,8 +293,9 @@ def _request_quantile(q: float, column: str) -> RequestFn:
     def compute(rows: RequestRows, points: Floats, range_seconds: float, objectives: Objectives) -> Floats:
         def reduce(w: RequestRows) -> float:
             values = getattr(w, column)[w.ok]
-            values = values[~np.isnan(values)]
-            value = promql.quantile(q, values.tolist())
+            # The engine's own figures use this percentile rule too (and it is
+            # PromQL's quantile_over_time): linear between the closest ranks.
+            value = percentile(values[~np.isnan(values)].tolist(), q * 100)
             return math.nan if value is None else value
 
         return _per_window(rows, points, range_seconds, reduce)

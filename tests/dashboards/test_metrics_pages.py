@@ -80,7 +80,7 @@ def test_cohort_page_puts_stable_and_canary_side_by_side_with_the_ratio(viewer_c
 
 def test_length_table_lists_every_bucket_even_without_requests(viewer_client: Client) -> None:
     html = viewer_client.get("/figures/lengths/").content.decode()
-    for bucket in ("≤512", "≤2K", "≤8K", "≤32K", ">32K"):
+    for bucket in ("<=512", "<=2K", "<=8K", "<=32K", ">32K"):
         assert f'data-bucket="{escape(bucket)}"' in html
     assert "—" in html  # no data, never 0
 

@@ -196,16 +196,16 @@ def log_request(created: datetime, *, prompt_tokens: int, ttft: float | None, tp
 def test_exact_percentiles_per_prompt_length_bucket(clock) -> None:
     w = worker("w1", "p")
     for i in range(1, 101):
-        log_request(at(i * 0.5), prompt_tokens=100, ttft=i / 100, w=w)  # ≤512: ttft 0.01 .. 1.00
+        log_request(at(i * 0.5), prompt_tokens=100, ttft=i / 100, w=w)  # <=512: ttft 0.01 .. 1.00
     for i in range(1, 5):
-        log_request(at(i), prompt_tokens=4000, ttft=float(i), w=w)  # ≤8K: 1, 2, 3, 4
+        log_request(at(i), prompt_tokens=4000, ttft=float(i), w=w)  # <=8K: 1, 2, 3, 4
     log_request(at(10), prompt_tokens=40000, ttft=9.0, status=503, error="worker gone", w=w)  # >32K, failed
     log_request(at(-30), prompt_tokens=100, ttft=50.0, w=w)  # before the window
     got = query.query("client_ttft_p99", 60, "length_bucket", now=at(60))
-    # ≤512: rank 0.99 x 99 = 98.01 between 0.99 and 1.00. ≤8K: rank 2.97 between 3 and 4.
-    assert got == {"≤512": pytest.approx(0.9901), "≤8K": pytest.approx(3.97), ">32K": None}
+    # <=512: rank 0.99 x 99 = 98.01 between 0.99 and 1.00. <=8K: rank 2.97 between 3 and 4.
+    assert got == {"<=512": pytest.approx(0.9901), "<=8K": pytest.approx(3.97), ">32K": None}
     counts = query.query("request_count", 60, "length_bucket", now=at(60))
-    assert counts == {"≤512": 100.0, "≤8K": 4.0, ">32K": 1.0}
+    assert counts == {"<=512": 100.0, "<=8K": 4.0, ">32K": 1.0}
 
 
 def test_goodput_counts_requests_meeting_both_objectives(clock) -> None:
