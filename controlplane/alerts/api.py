@@ -163,11 +163,13 @@ class AlertSerializer(serializers.ModelSerializer):
     starts_at = serializers.DateTimeField(source="fired_at", read_only=True)
     ends_at = serializers.DateTimeField(source="resolved_at", read_only=True)
     silenced_by = serializers.SerializerMethodField()
+    annotations = serializers.DictField(source="live_annotations", child=serializers.CharField(), read_only=True)
 
     class Meta:
         model = Alert
         fields = [
-            "id", "fingerprint", "name", "state", "severity", "labels", "annotations", "value", "active_at",
+            "id", "fingerprint", "name", "state", "severity", "labels", "annotations", "value", "value_detail",
+            "active_at",
             "starts_at", "ends_at", "keep_firing_since", "nodata_since", "flapping", "silenced_by", "rule",
             "source", "state_changed_at", "last_evaluated_at", "last_notified_at", "num_delivery_failures",
             "last_delivery_error", "abort_requested_at", "abort_rollout_id",
@@ -212,7 +214,7 @@ class AlertViewSet(viewsets.ReadOnlyModelViewSet):
         return AlertDetailSerializer if self.action == "retrieve" else AlertSerializer
 
     def get_queryset(self) -> QuerySet[Alert]:
-        qs = Alert.objects.all()
+        qs = Alert.objects.select_related("rule")
         params = self.request.query_params
         if state := params.get("state"):
             if state == "active":
@@ -242,7 +244,9 @@ class AlertViewSet(viewsets.ReadOnlyModelViewSet):
 
     def filter_queryset(self, queryset: QuerySet[Alert]) -> QuerySet[Alert]:
         override = getattr(self, "queryset_override", None)
-        return override.order_by("-state", "-state_changed_at") if override is not None else queryset
+        if override is not None:
+            return override.select_related("rule").order_by("-state", "-state_changed_at")
+        return queryset
 
 
 class InboundWebhookView(APIView):

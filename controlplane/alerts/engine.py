@@ -140,7 +140,8 @@ def step(spec: Spec, alert: AlertState, condition: bool | None, value: float | N
         else:
             return _no_data(spec, alert, now)
 
-    alert = replace(alert, value=value, nodata_since=None)
+    if alert.value != value or alert.nodata_since is not None:
+        alert = replace(alert, value=value, nodata_since=None)
 
     # Data is back after a spell of no data: resolve, or start over.
     if previous == State.NODATA:
@@ -158,7 +159,8 @@ def step(spec: Spec, alert: AlertState, condition: bool | None, value: float | N
                             keep_firing_since=None)
             if spec.for_seconds > 0:
                 return _finish(previous, alert, now, previous_for_reason + reason_suffix)
-        alert = replace(alert, keep_firing_since=None)
+        if alert.keep_firing_since is not None:
+            alert = replace(alert, keep_firing_since=None)
         if alert.state == State.PENDING and _held(alert.active_at, now, spec.for_seconds):
             alert = _with_firing(replace(alert, state=State.FIRING, fired_at=now), now, spec)
             held = f"held for {_duration(spec.for_seconds)}" if spec.for_seconds > 0 else "condition holds"
@@ -171,7 +173,8 @@ def step(spec: Spec, alert: AlertState, condition: bool | None, value: float | N
                      active_at=None)
     if alert.state == State.FIRING:
         since = alert.keep_firing_since or now
-        alert = replace(alert, keep_firing_since=since)
+        if alert.keep_firing_since != since:
+            alert = replace(alert, keep_firing_since=since)
         if spec.keep_firing_for_seconds > 0 and (now - since) < timedelta(seconds=spec.keep_firing_for_seconds):
             return alert, None  # kept firing
         if is_flapping(alert, spec, now):

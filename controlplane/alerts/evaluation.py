@@ -36,7 +36,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from controlplane import audit
-from controlplane.alerts import conf, engine, sources
+from controlplane.alerts import bulk, conf, engine, sources
 from controlplane.alerts.engine import State
 from controlplane.alerts.labels import fingerprint
 from controlplane.alerts.models import Alert, AlertRule, AlertTransition
@@ -44,9 +44,13 @@ from controlplane.alerts.models import Alert, AlertRule, AlertTransition
 log = logging.getLogger(__name__)
 ACTOR = "system:alerts"
 ALERT_FIELDS = [
-    "labels", "annotations", "state", "value", "active_at", "fired_at", "resolved_at", "keep_firing_since",
+    "labels", "annotations", "state", "value", "value_detail", "active_at", "fired_at", "resolved_at", "keep_firing_since",
     "nodata_since", "fired_times", "flapping", "state_changed_at", "last_evaluated_at",
 ]
+# A steady cycle of an active alert moves only these: annotations are
+# rendered again from them when read (Alert.live_annotations).
+VALUE_FIELDS = ["value", "value_detail", "last_evaluated_at"]
+AUDIT_MAX_LISTED = 100
 _TEMPLATE = re.compile(r"\{\{\s*\$(value|labels\.([a-zA-Z_][a-zA-Z0-9_]*))\s*\}\}")
 
 
@@ -58,6 +62,7 @@ class CycleResult:
     transitions: list[AlertTransition] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
+    read_seconds: float = 0.0  # of which reading the figures
 
 
 def tick_of(now: datetime, interval_seconds: float | None = None) -> datetime:
@@ -74,6 +79,18 @@ def expand(text: str, labels: dict[str, str], value: float | None) -> str:
         return labels.get(m.group(2), "")
 
     return _TEMPLATE.sub(one, text) if "{{" in text else text
+
+
+def render_annotations(rule: AlertRule, labels: dict[str, str], value: float | None, detail: str,
+                       with_value: bool) -> dict[str, str]:
+    """The rule's annotations for one alert: templates rendered, plus the
+    value (and for ratio rules both sides) while it matters."""
+    annotations = {k: expand(v, labels, value) for k, v in rule.annotations().items()}
+    if detail:
+        annotations["value_detail"] = detail
+    if with_value:
+        annotations["value"] = "no data" if value is None else f"{value:.6g}"
+    return annotations
 
 
 def condition_of(rule: AlertRule, sample: sources.Sample) -> bool | None:
@@ -108,8 +125,10 @@ def evaluate(now: datetime | None = None) -> CycleResult:
 
 def _evaluate_rules(rules: list[AlertRule], tick: datetime, result: CycleResult) -> None:
     result.num_rules = len(rules)
+    read_started = time.perf_counter()
     fleet = sources.Fleet(tick)
     samples = sources.sample_all([sources.RuleQuery.from_rule(r) for r in rules], tick, fleet)
+    result.read_seconds = time.perf_counter() - read_started
     worker_names = {w[0] for w in fleet.workers}
     pool_names = {w[1] for w in fleet.workers if w[1]} | set(fleet.routes)
 
@@ -141,37 +160,39 @@ def _evaluate_rules(rules: list[AlertRule], tick: datetime, result: CycleResult)
     if wanted:
         rows.update({a.fingerprint: a for a in Alert.objects.filter(fingerprint__in=wanted)})
 
-    created: list[Alert] = []
-    changed: list[Alert] = []
-    pending_transitions: list[tuple[Alert, engine.Transition, AlertRule]] = []
+    rows_by_rule: dict[int | None, list[Alert]] = {}
+    for row in rows.values():
+        rows_by_rule.setdefault(row.rule_id, []).append(row)
+    writes = _Writes()
     for rule, spec, planned in plans:
         seen: set[str] = set()
         for labels, fp, sample in planned:
             seen.add(fp)
-            _step_one(rule, spec, rows.get(fp), labels, fp, sample, condition_of(rule, sample), tick,
-                      created, changed, pending_transitions)
+            _step_one(rule, spec, rows.get(fp), labels, fp, sample, condition_of(rule, sample), tick, writes)
         # Active alerts whose group is gone from the data.
-        for fp, row in list(rows.items()):
-            if row.rule_id != rule.pk or fp in seen or not (row.is_active or row.nodata_since or row.keep_firing_since):
+        for row in rows_by_rule.get(rule.pk, []):
+            fp = row.fingerprint
+            if fp in seen or not (row.is_active or row.nodata_since or row.keep_firing_since):
                 continue
             gone = (row.labels.get("worker") and row.labels["worker"] not in worker_names) or (
                 row.labels.get("pool") and row.labels["pool"] not in pool_names and rule.figure in sources.FLEET_FIGURES
             )
             # A group that left the fleet resolves; one that merely went quiet has no data.
             sample = sources.Sample({}, None)
-            _step_one(rule, spec, row, dict(row.labels), fp, sample, False if gone else None, tick,
-                      created, changed, pending_transitions)
+            _step_one(rule, spec, row, dict(row.labels), fp, sample, False if gone else None, tick, writes)
 
     # Write: new rows, changed rows, transitions, the rules' stamps.
+    created = writes.created
     if created:
         Alert.objects.bulk_create(created)
         if any(a.pk is None for a in created):  # backends that return no ids
             ids = dict(Alert.objects.filter(fingerprint__in=[a.fingerprint for a in created]).values_list("fingerprint", "pk"))
             for a in created:
                 a.pk = ids[a.fingerprint]
-    if changed:
-        Alert.objects.bulk_update(changed, ALERT_FIELDS, batch_size=500)
-    result.num_alerts_written = len(created) + len(changed)
+    bulk.update_rows(writes.changed, ALERT_FIELDS)
+    bulk.update_rows(writes.refreshed, VALUE_FIELDS)
+    result.num_alerts_written = len(created) + len(writes.changed) + len(writes.refreshed)
+    pending_transitions = writes.transitions
     transitions = [
         AlertTransition(alert_id=alert.pk, fingerprint=alert.fingerprint, rule_id=rule.pk,
                         from_state=int(t.from_state), to_state=int(t.to_state), value=t.value,
@@ -180,47 +201,79 @@ def _evaluate_rules(rules: list[AlertRule], tick: datetime, result: CycleResult)
     ]
     if transitions:
         AlertTransition.objects.bulk_create(transitions, ignore_conflicts=True)
-        for alert, t, _ in pending_transitions:
-            if t.to_state in (State.FIRING, State.RESOLVED, State.NODATA):
-                audit.record(ACTOR, f"alert.{t.to_state.label}", alert,
-                             {"state": t.from_state.label},
-                             {"state": t.to_state.label, "value": t.value, "reason": t.reason,
-                              "labels": alert.labels},
-                             time=t.at)
+        _audit(pending_transitions, tick)
     result.transitions = transitions
     for rule in rules:
         rule.last_evaluated_at = tick
-    AlertRule.objects.bulk_update(rules, ["last_evaluated_at", "last_error"])
+    bulk.update_rows(rules, ["last_evaluated_at", "last_error"])
+
+
+def _audit(transitions: list[tuple[Alert, engine.Transition, AlertRule]], tick: datetime) -> None:
+    """One audit row per rule and outcome per cycle (firing, resolved, no
+    data), listing the alerts: a storm of 500 alerts is one readable row,
+    and one alert is a row that names it."""
+    by_outcome: dict[tuple[int, State], list[tuple[Alert, engine.Transition]]] = {}
+    rules: dict[int, AlertRule] = {}
+    for alert, t, rule in transitions:
+        if t.to_state in (State.FIRING, State.RESOLVED, State.NODATA):
+            by_outcome.setdefault((rule.pk, t.to_state), []).append((alert, t))
+            rules[rule.pk] = rule
+    for (rule_id, state), items in sorted(by_outcome.items()):
+        listed = [
+            {"fingerprint": a.fingerprint, "labels": a.labels, "from": t.from_state.label, "value": t.value,
+             "reason": t.reason}
+            for a, t in items[:AUDIT_MAX_LISTED]
+        ]
+        audit.record(ACTOR, f"alert.{state.label}", rules[rule_id], None,
+                     {"state": state.label, "num_alerts": len(items), "alerts": listed}, time=tick)
+
+
+def _same_but_value(a: engine.AlertState, b: engine.AlertState) -> bool:
+    return (a.state, a.active_at, a.fired_at, a.resolved_at, a.keep_firing_since, a.nodata_since, a.fired_times) == (
+        b.state, b.active_at, b.fired_at, b.resolved_at, b.keep_firing_since, b.nodata_since, b.fired_times)
+
+
+@dataclass
+class _Writes:
+    created: list[Alert] = field(default_factory=list)
+    changed: list[Alert] = field(default_factory=list)  # state or timers moved: every field
+    refreshed: list[Alert] = field(default_factory=list)  # same state, new value: the value fields
+    transitions: list[tuple[Alert, engine.Transition, AlertRule]] = field(default_factory=list)
 
 
 def _step_one(rule: AlertRule, spec: engine.Spec, row: Alert | None, labels: dict[str, str], fp: str,
-              sample: sources.Sample, condition: bool | None, tick: datetime, created: list[Alert],
-              changed: list[Alert], transitions: list[tuple[Alert, engine.Transition, AlertRule]]) -> None:
+              sample: sources.Sample, condition: bool | None, tick: datetime, writes: _Writes) -> None:
     before = row.engine_state() if row is not None else engine.AlertState()
     after, transition = engine.step(spec, before, condition, sample.value, tick)
     if row is None and after == engine.AlertState(value=after.value):
         return  # quiet and never alerted: nothing to remember
+    if row is not None and after == before and not after.state.is_active:
+        return  # resolved or inactive, and staying so
+    flapping = engine.is_flapping(after, spec, tick) and after.state == State.FIRING
+
     if row is None:
         row = Alert(fingerprint=fp, rule=rule, source=Alert.SOURCE_RULE, labels=labels)
-        created.append(row)
+        writes.created.append(row)
+    elif _same_but_value(after, before) and flapping == row.flapping and row.labels == labels:
+        # The common case of an active alert: only its value moved, if that.
+        if row.value == after.value and row.value_detail == sample.detail:
+            return
+        row.value, row.value_detail, row.last_evaluated_at = after.value, sample.detail, tick
+        writes.refreshed.append(row)
+        return
     else:
-        if after == before and not after.state.is_active:
-            return  # resolved or inactive, and staying so
-        changed.append(row)
+        writes.changed.append(row)
     row.rule_id = rule.pk
     row.labels = labels
     row.take(after)
-    row.flapping = engine.is_flapping(after, spec, tick) and after.state == State.FIRING
-    annotations = {k: expand(v, labels, sample.value) for k, v in rule.annotations().items()}
-    if sample.detail:
-        annotations["value_detail"] = sample.detail
-    if after.state.is_active or transition is not None:
-        annotations["value"] = "no data" if sample.value is None else f"{sample.value:.6g}"
-    row.annotations = annotations
+    row.flapping = flapping
+    row.value_detail = sample.detail
+    row.annotations = render_annotations(rule, labels, after.value, sample.detail,
+                                         after.state.is_active or transition is not None)
     row.last_evaluated_at = tick
     if transition is not None:
         row.state_changed_at = tick
-        transitions.append((row, transition, rule))
+        writes.transitions.append((row, transition, rule))
 
 
 def _after_commit(result: CycleResult) -> None:

@@ -68,7 +68,7 @@ def pull_all(now: datetime | None = None) -> list[tuple[int, int]]:
     pulled = []
     for alert in Alert.objects.filter(state=State.FIRING, rule__action=ACTION_ABORT).select_related("rule"):
         for rollout in rollouts_for(alert):
-            value = alert.annotations.get("value_detail") or alert.annotations.get("value", "")
+            value = alert.value_detail or ("no data" if alert.value is None else f"{alert.value:.4g}")
             reason = f"alert {alert.name} firing ({alert.rule.describe_condition() if alert.rule else ''}; " \
                      f"value {value}; fingerprint {alert.fingerprint})"
             with transaction.atomic():

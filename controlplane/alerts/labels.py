@@ -33,9 +33,14 @@ ALERT_NAME = LABEL_NAME  # rule names double as the alertname label; keep them t
 
 def fingerprint(labels: LabelSet) -> str:
     """The 16-hex-digit fingerprint of a label set (order-independent)."""
+    return _fingerprint(tuple(sorted(labels.items())))
+
+
+@lru_cache(maxsize=65536)  # evaluation asks again for the same label sets every cycle
+def _fingerprint(items: tuple[tuple[str, str], ...]) -> str:
     h = _FNV_OFFSET
-    for name in sorted(labels):
-        for chunk in (name.encode(), labels[name].encode()):
+    for name, value in items:
+        for chunk in (name.encode(), value.encode()):
             for byte in chunk:
                 h = ((h ^ byte) * _FNV_PRIME) & _MASK
             h = ((h ^ _SEPARATOR) * _FNV_PRIME) & _MASK

@@ -176,6 +176,7 @@ class Alert(models.Model):
     annotations = models.JSONField(default=dict)
     state = models.PositiveSmallIntegerField(choices=STATE_CHOICES, default=State.INACTIVE, db_index=True)
     value = models.FloatField(null=True, blank=True, help_text="the figure at the last evaluation")
+    value_detail = models.CharField(max_length=300, blank=True, help_text="for ratio rules: both sides")
     active_at = models.DateTimeField(null=True, blank=True)
     fired_at = models.DateTimeField(null=True, blank=True, help_text="startsAt")
     resolved_at = models.DateTimeField(null=True, blank=True, help_text="endsAt")
@@ -241,6 +242,17 @@ class Alert(models.Model):
         self.keep_firing_since = s.keep_firing_since
         self.nodata_since = s.nodata_since
         self.fired_times = [t.timestamp() for t in s.fired_times]
+
+    def live_annotations(self) -> dict[str, str]:
+        """The annotations as of the last evaluation: a rule's templates
+        rendered with the current value (stored ``annotations`` are as of the
+        last transition, so that a steady cycle writes two numbers, not
+        JSON); an event's as it was sent."""
+        if self.rule_id is None or self.rule is None:
+            return dict(self.annotations)
+        from controlplane.alerts.evaluation import render_annotations
+
+        return render_annotations(self.rule, self.labels, self.value, self.value_detail, State(self.state).is_active)
 
     def starts_at(self) -> datetime:
         return self.fired_at or self.active_at or self.state_changed_at

@@ -154,7 +154,7 @@ def _wake_dispatcher() -> None:
 
 def to_out(alert: Alert) -> OutAlert:
     state = State(alert.state)
-    annotations = dict(alert.annotations)
+    annotations = alert.live_annotations()
     if state == State.NODATA:
         annotations["nodata"] = "the figure has no data; the rule counts that as its own state"
     return OutAlert(
@@ -200,7 +200,7 @@ def notifiable_alerts(now: datetime) -> list[Alert]:
     retention = now - timedelta(seconds=conf.resolved_retention_seconds())
     return list(Alert.objects.filter(
         Q(state__in=[State.FIRING, State.NODATA]) | Q(state=State.RESOLVED, resolved_at__gte=retention)
-    ))
+    ).select_related("rule"))
 
 
 def dispatch(now: datetime | None = None) -> DispatchResult:

@@ -9,9 +9,9 @@ they are states rather than measurements:
 * ``profile_drift_seconds``: how long a worker has not been running the
   revision it should; for a group, the longest.
 
-One evaluation cycle reads each distinct (figure source, window, group_by,
-selector) once for all the rules that share it (``query_many``), so 200
-rules cost as many reads as they have distinct windows and groupings.
+One evaluation cycle reads each stored window once for all the rules that
+use it (``reader``), so 200 rules cost as many reads as they have distinct
+windows.
 
 A value of None is no data. A rule's selector may also name worker labels
 (``{"labels": {"zone": "a"}}``): then only those workers' groups count.
@@ -199,7 +199,8 @@ def _key(q: RuleQuery, group_by: str, selector: Mapping[str, str]) -> tuple[Any,
 def sample_all(queries: Sequence[RuleQuery], now: datetime, fleet: Fleet | None = None) -> dict[int, list[Sample]]:
     """Every rule's samples at ``now``, reading each distinct data set once.
     A rule whose query fails gets the exception instead of samples."""
-    from controlplane.metrics import query as mq
+    from controlplane.alerts import reader
+    from controlplane.metrics import figures
 
     fleet = fleet or Fleet(now)
     out: dict[int, Any] = {}
@@ -218,12 +219,16 @@ def sample_all(queries: Sequence[RuleQuery], now: datetime, fleet: Fleet | None 
         plans[key].add(q.figure)
         needs[q.rule_id] = key
 
-    # Then read.
+    # Then read, each stored window once (see reader).
+    peak_windows = {key[1] for key, names in plans.items()
+                    if key[0] == "scrape" and any(figures.FIGURES[n].needs_peak_memory for n in names)}
+    request_windows = [key[1] for key in plans if key[0] == "requests"]
+    data = reader.Reader(now, peak_windows=peak_windows, request_window=max(request_windows, default=0.0))
     results: dict[tuple[Any, ...], Any] = {}
     for key, names in plans.items():
         _, window, group_by, selector = key
         try:
-            results[key] = mq.query_many(sorted(names), window, group_by, dict(selector), now)
+            results[key] = data.read(sorted(names), window, group_by, dict(selector))
         except Exception as exc:  # a bad query fails its rules, not the cycle
             results[key] = exc
 

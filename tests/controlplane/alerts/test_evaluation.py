@@ -90,14 +90,32 @@ def test_a_scraped_figure_goes_pending_then_firing_per_worker_with_the_values_re
     assert alert.labels == {"alertname": "KVFragHigh", "severity": "warning", "worker": "w1"}
     assert alert.rule == r and alert.fired_at == at(90) and alert.active_at == at(60)
     assert alert.value == pytest.approx(0.8)
-    assert alert.annotations["summary"] == "w1 fragmentation 0.8"
+    assert alert.live_annotations()["summary"] == "w1 fragmentation 0.8"
     transitions = list(AlertTransition.objects.order_by("at").values_list("from_state", "to_state", "at", "value"))
     assert transitions == [
         (State.INACTIVE, State.PENDING, at(60), pytest.approx(0.8)),
         (State.PENDING, State.FIRING, at(90), pytest.approx(0.8)),
     ]
     (event,) = AuditEvent.objects.filter(action="alert.firing")
-    assert event.actor_repr == "system:alerts" and event.after["value"] == pytest.approx(0.8)
+    assert event.actor_repr == "system:alerts" and event.object_repr == "KVFragHigh"
+    (listed,) = event.after["alerts"]
+    assert listed["labels"]["worker"] == "w1" and listed["value"] == pytest.approx(0.8)
+
+
+def test_a_firing_alert_keeps_its_value_current_between_transitions(only_my_rules: None, clock: Any) -> None:
+    w1 = worker("w1", "gpu-a")
+    rule(summary="fragmentation {{ $value }}")
+    scrape_fragmentation(60, {w1: 0.9})
+    scrape_fragmentation(120, {w1: 0.6}, since=60)  # the integral keeps growing, more slowly
+    clock.move_to(at(60))
+    evaluation.evaluate(at(60))
+    clock.move_to(at(120))
+    result = evaluation.evaluate(at(120))
+    assert result.transitions == [] and result.num_alerts_written == 1
+    alert = Alert.objects.get()
+    assert alert.state == State.FIRING and alert.value == pytest.approx(0.6, rel=0.05)
+    assert alert.live_annotations()["summary"] == f"fragmentation {alert.value:.4g}"
+    assert alert.annotations["summary"] == "fragmentation 0.9"  # as of the transition
 
 
 def test_scrapes_that_stop_give_no_data_not_a_resolution(only_my_rules: None, clock: Any) -> None:
@@ -172,7 +190,7 @@ def test_canary_ttft_against_its_baseline_pool(only_my_rules: None, clock: Any) 
     assert alert.labels == {"alertname": "CanaryTTFTRegression", "severity": "critical", "pool": "canary-pool",
                             "cohort": "canary", "chunkpilot_action": "abort_rollout"}
     assert alert.value == pytest.approx(0.9 / 0.4)
-    assert alert.annotations["value_detail"] == "canary-pool 0.9 vs baseline-pool 0.4"
+    assert alert.live_annotations()["value_detail"] == "canary-pool 0.9 vs baseline-pool 0.4"
 
 
 def test_the_same_tick_is_evaluated_once(only_my_rules: None, clock: Any) -> None:

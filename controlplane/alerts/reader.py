@@ -1,0 +1,236 @@
+"""Reading many rules' figures in one cycle, each stored window read once.
+
+``metrics.query.query_many`` answers one (window, grouping, selector) at a
+time: it reads the window's data and computes each figure group by group.
+An evaluation cycle asks for dozens of such combinations over the same few
+windows, so this reads instead:
+
+* scraped figures: each window's first/last snapshots of every target once
+  (the query layer's own ``_point_windows``, no selector), then selects and
+  groups them in memory — a selector is a filter on the target's labels,
+  exactly as the query layer applies it in SQL. Groups of one target (every
+  worker group, nearly always) are stacked along the points axis and
+  computed in one vectorised call per figure: the figure arithmetic is
+  pointwise, so each row comes out as it would alone. Groups of several
+  targets go through ``figures.Group`` one by one, as the query layer does.
+* request-log figures: the log over the longest window asked for, once;
+  each figure's window arithmetic (``_per_window``) takes the rows inside
+  its own window, and a group exists when it has rows in that window.
+
+``tests/controlplane/alerts/test_reader.py`` holds the result equal to
+``query_many`` for every figure, grouping, selector and window, so a change
+in the metrics layer that breaks the equivalence fails there.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+
+import numpy as np
+from django.db import connection
+
+from controlplane.metrics import figures, query
+from controlplane.metrics.figures import Figure, Objectives, RequestRows, TargetWindows
+
+Values = dict[str, dict[str, float | None]]  # figure → group → value
+
+
+def _clean(value: float) -> float | None:
+    return float(value) if math.isfinite(value) else None
+
+
+class Reader:
+    def __init__(self, now: datetime, *, peak_windows: set[float] | None = None,
+                 request_window: float = 0.0):
+        self.now = now
+        self.points = np.array([now.timestamp()])
+        self._peak_windows = peak_windows or set()
+        self._request_window = request_window
+        self._targets: dict[float, list[TargetWindows]] = {}
+        self._log_rows: _Log | None = None
+        self._log_window = 0.0
+        self._objectives: Objectives | None = None
+
+    def read(self, names: Sequence[str], window: float, group_by: str, selector: Mapping[str, str]) -> Values:
+        """What ``query_many(names, window, group_by, selector, now)`` answers."""
+        chosen = [query.figure_named(name) for name in names]
+        window = query._check_window(window)
+        selector = query.check_selector(selector)
+        for f in chosen:
+            query.check_group_by(f, group_by)
+        out: Values = {}
+        scrape = [f for f in chosen if f.source == "scrape"]
+        if scrape:
+            out.update(self._scrape(scrape, window, group_by, selector))
+        requests = [f for f in chosen if f.source == "requests"]
+        if requests:
+            out.update(self._requests(requests, window, group_by, selector))
+        return out
+
+    # ---- scraped figures -------------------------------------------------------------
+
+    def _windows(self, window: float, needs_peak: bool) -> list[TargetWindows]:
+        loaded = self._targets.get(window)
+        if loaded is None:
+            needs_peak = needs_peak or window in self._peak_windows
+            loaded = self._targets[window] = query._point_windows(self.points, window, {}, needs_peak)
+        return loaded
+
+    def _scrape(self, chosen: Sequence[Figure], window: float, group_by: str, selector: Mapping[str, str]) -> Values:
+        loaded = self._windows(window, any(f.needs_peak_memory for f in chosen))
+        grouped: dict[str, list[TargetWindows]] = defaultdict(list)
+        for tw in loaded:
+            if all(tw.labels.get(k) == v for k, v in selector.items()):
+                grouped[query.group_of(tw.labels, group_by)].append(tw)
+        if group_by == query.FLEET:
+            grouped.setdefault(query.FLEET, [])
+        out: Values = {f.name: {} for f in chosen}
+
+        # Groups of one target, stacked per layout: one row per group.
+        singles: dict[str, list[tuple[str, TargetWindows]]] = defaultdict(list)
+        for group, tws in grouped.items():
+            if len(tws) == 1:
+                singles[tws[0].layout.digest].append((group, tws[0]))
+        for members in singles.values():
+            stacked = TargetWindows(
+                labels={},
+                layout=members[0][1].layout,
+                increases=np.vstack([tw.increases for _, tw in members]),
+                peak_memory=np.concatenate([tw.peak_memory for _, tw in members]),
+                range_seconds=window,
+            )
+            batch = figures.Group([stacked], len(members))
+            for f in chosen:
+                values = f.from_group(batch)
+                for (group, _), value in zip(members, values, strict=True):
+                    out[f.name][group] = _clean(value)
+
+        # The rest one by one.
+        for group, tws in grouped.items():
+            if len(tws) != 1:
+                one = figures.Group(tws, 1)
+                for f in chosen:
+                    out[f.name][group] = _clean(f.from_group(one)[0])
+        return {name: dict(sorted(values.items())) for name, values in out.items()}
+
+    # ---- request-log figures ------------------------------------------------------------
+
+    def _log(self, window: float) -> _Log:
+        """The log over the longest window wanted, sorted by arrival, with each
+        row's worker, pool and cohort as codes. Read with one plain cursor:
+        Django's per-value converters cost more than the query here."""
+        if self._log_rows is not None and self._log_window >= window:
+            return self._log_rows
+        from controlplane.fleet.models import Pool, Worker
+        from controlplane.gateway.models import RequestLog
+
+        longest = max(window, self._request_window)
+        end = self.points[-1]
+        qs = (
+            RequestLog.objects.filter(created_at__gt=query._dt(end - longest), created_at__lte=query._dt(end))
+            .annotate(epoch=query._Epoch("created_at"))
+            .order_by("created_at")
+            .values_list("epoch", "status", "error", "ttft_seconds", "tpot_seconds", "max_gap_seconds",
+                         "e2e_seconds", "worker_id", "pool_id", "cohort")
+        )
+        sql, params = qs.query.sql_with_params()
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            raw = cursor.fetchall()
+        if not raw:
+            self._log_rows = _Log(RequestRows.empty(), {})
+            self._log_window = longest
+            return self._log_rows
+        (created, status, error, ttft, tpot, max_gap, e2e, worker_ids, pool_ids, cohorts) = zip(*raw, strict=True)
+        status_array = np.array(status, dtype=np.int64)
+        has_error = np.array([bool(e) for e in error], dtype=bool)
+        rows = RequestRows(
+            created=np.array(created, dtype=np.float64),
+            # query.is_ok and query.is_failed, over arrays (the reader test holds them equal).
+            ok=(status_array == 200) & ~has_error,
+            failed=(status_array >= 500) | (status_array == 429) | ((status_array == 200) & has_error),
+            ttft=np.array(ttft, dtype=np.float64), tpot=np.array(tpot, dtype=np.float64),
+            max_gap=np.array(max_gap, dtype=np.float64), e2e=np.array(e2e, dtype=np.float64),
+        )
+
+        def by_id(ids: tuple[int | None, ...], model: type) -> tuple[list[str], np.ndarray]:
+            numbers = np.array([-1 if i is None else i for i in ids], dtype=np.int64)
+            uniques, codes = np.unique(numbers, return_inverse=True)
+            named = dict(model.objects.filter(pk__in=[int(u) for u in uniques if u >= 0]).values_list("pk", "name"))
+            return [named.get(int(u), "") for u in uniques], codes
+
+        table: dict[str, int] = {}
+        cohort_codes = np.fromiter((table.setdefault(c or "", len(table)) for c in cohorts), dtype=np.intp,
+                                   count=len(cohorts))
+        self._log_rows = _Log(rows, {"worker": by_id(worker_ids, Worker), "pool": by_id(pool_ids, Pool),
+                                     "cohort": (list(table), cohort_codes)})
+        self._log_window = longest
+        return self._log_rows
+
+    def _requests(self, chosen: Sequence[Figure], window: float, group_by: str,
+                  selector: Mapping[str, str]) -> Values:
+        log = self._log(window)
+        selected = None
+        for key, value in selector.items():
+            hits = log.matches(key, value)
+            selected = hits if selected is None else selected & hits
+        names, codes, order, bounds, by_group = log.grouped(group_by)
+        # A group exists when it has rows in this window (the query layer reads only those).
+        in_window = log.rows.created > self.points[-1] - window
+        if selected is not None:
+            in_window &= selected
+        present = {names[c] for c in np.unique(codes[in_window]).tolist()}
+        if group_by == query.FLEET:
+            present.add(query.FLEET)
+        if self._objectives is None:
+            self._objectives = query.objectives_now()
+        index = {name: i for i, name in enumerate(names)}
+        kept = selected[order] if selected is not None else None
+        out: Values = {f.name: {} for f in chosen}
+        for group in sorted(present):
+            i = index.get(group)
+            if i is None:
+                group_rows = RequestRows.empty()
+            else:
+                # The group's rows are one run of the group-sorted log, still in arrival order.
+                group_rows = by_group.take(slice(bounds[i], bounds[i + 1]))
+                if kept is not None:
+                    group_rows = group_rows.take(kept[bounds[i]:bounds[i + 1]])
+            for f in chosen:
+                out[f.name][group] = _clean(f.from_requests(group_rows, self.points, window, self._objectives)[0])
+        return out
+
+
+class _Log:
+    """The request log of a cycle, with each row's labels as integer codes."""
+
+    def __init__(self, rows: RequestRows, labels: dict[str, tuple[list[str], np.ndarray]]):
+        self.rows = rows
+        self._labels = labels
+        self._grouped: dict[str, tuple[list[str], np.ndarray, np.ndarray, np.ndarray, RequestRows]] = {}
+
+    def matches(self, key: str, value: str) -> np.ndarray:
+        names, codes = self._labels.get(key, ([], np.zeros(0, dtype=np.intp)))
+        if value not in names:
+            return np.zeros(len(self.rows.created), dtype=bool)
+        return codes == names.index(value)
+
+    def grouped(self, group_by: str) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, RequestRows]:
+        """Group names as ``query.group_of`` names them; each row's group; the
+        stable order that sorts rows by group; each group's run in that order;
+        and the rows in that order."""
+        if group_by not in self._grouped:
+            n = len(self.rows.created)
+            if group_by == query.FLEET or not n:
+                names, codes = [query.FLEET], np.zeros(n, dtype=np.intp)
+            else:
+                raw_names, codes = self._labels[group_by]
+                empty = {"pool": query.NO_POOL, "cohort": query.NO_COHORT}.get(group_by, "")
+                names = [name if name != "" else empty for name in raw_names]
+            order = np.argsort(codes, kind="stable")
+            bounds = np.searchsorted(codes[order], np.arange(len(names) + 1))
+            self._grouped[group_by] = (names, codes, order, bounds, self.rows.take(order))
+        return self._grouped[group_by]
