@@ -312,6 +312,10 @@ def _meets_objectives(w: RequestRows, objectives: Objectives) -> np.ndarray:
 def _request_count_rate(which: Literal["all", "good"]) -> RequestFn:
     def compute(rows: RequestRows, points: Floats, range_seconds: float, objectives: Objectives) -> Floats:
         def reduce(w: RequestRows) -> float:
+            # Without a single logged request we cannot tell quiet from a
+            # gateway that is not logging: no data, not 0/s.
+            if not len(w.created):
+                return math.nan
             if which == "all":
                 return len(w.created) / range_seconds
             return float(_meets_objectives(w, objectives).sum()) / range_seconds

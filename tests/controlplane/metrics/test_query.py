@@ -220,4 +220,6 @@ def test_goodput_counts_requests_meeting_both_objectives(clock) -> None:
     assert got["goodput"] == {"fleet": pytest.approx(2 / 60)}
     assert got["goodput_ratio"] == {"fleet": pytest.approx(2 / 6)}
     assert got["error_rate"] == {"fleet": pytest.approx(1 / 6)}
-    assert query.query("goodput_ratio", 60, now=at(600)) == {"fleet": None}
+    assert query.query_many(["goodput", "goodput_ratio", "request_count"], 60, now=at(600)) == {
+        "goodput": {"fleet": None}, "goodput_ratio": {"fleet": None}, "request_count": {"fleet": 0.0}
+    }

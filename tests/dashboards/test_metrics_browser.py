@@ -1,0 +1,98 @@
+"""Headless Chromium against a real ASGI server process: the four-figure
+panel draws its uPlot charts from stored scrapes, and when a new scrape
+arrives the charts and the table take the new figures in place."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.utils import timezone
+from playwright.sync_api import expect
+
+from controlplane.accounts.roles import Role
+from controlplane.fleet.models import Pool, Worker
+from controlplane.metrics import live
+from tests.conftest import control_plane_env
+from tests.controlplane.factories import make_user
+from tests.controlplane.metrics.pages import Page, job, store
+from tests.support import PYTHON, free_port, running
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+TTFT = "vllm:time_to_first_token_seconds"
+CHARTS = ("ttft", "memory", "prefill_wait", "kv_fragmentation")
+
+
+@pytest.fixture
+def web(tmp_path: Path, transactional_db: Any) -> Iterator[str]:
+    port = free_port()
+    argv = [PYTHON, "-m", "uvicorn", "controlplane.asgi:application", "--host", "127.0.0.1", "--port", str(port)]
+    with running(argv, env=control_plane_env(), log_path=tmp_path / "web.log") as proc:
+        base = f"http://127.0.0.1:{port}"
+        proc.wait_http(f"{base}/login/", timeout=60)
+        yield base
+
+
+def ttft_page(fast: float, slow: float) -> Page:
+    """Cumulative TTFT buckets: ``fast`` requests under 0.1 s, ``slow`` in (1, 2.5]."""
+    total = fast + slow
+    return Page(
+        counters={"chunkpilot:memory_byte_seconds_total": 1e9 + 4e6 * fast,
+                  "chunkpilot:kv_fragmentation_ratio_seconds_total": 0.01 * fast},
+        histograms={TTFT: ([(0.1, fast), (1.0, fast), (2.5, total), (float("inf"), total)], 0.05 * fast + 2 * slow)},
+        gauges={"chunkpilot:memory_recent_peak_bytes": 3e6},
+    )
+
+
+def chart_state(page: Any, chart: str) -> Any:
+    return page.evaluate(
+        """(id) => { const c = window.chunkpilotCharts[id];
+                     const v = c.payload.lines[0].values; return {points: v.length, last: v[v.length - 1]}; }""",
+        chart,
+    )
+
+
+def test_the_panel_draws_its_charts_and_updates_them_when_a_scrape_arrives(page: Any, web: str) -> None:
+    w = Worker.objects.create(name="gpu-1", url="http://gpu-1.invalid", pool=Pool.objects.create(name="p1"))
+    j = job(w, "stable")
+    now = timezone.now()
+    for i in range(24):  # the last two minutes, every 5 s: 10 fast requests each
+        store(now - timedelta(seconds=115 - 5 * i), {j: ttft_page(1000 + 10 * i, 0)})
+
+    make_user(Role.VIEWER, username="panel-viewer", password="pw-panel")
+    page.add_init_script("document.addEventListener('htmx:wsOpen', () => { window.metricsSocketOpen = true; });")
+    page.goto(f"{web}/login/?next=/figures/panel/%3Fgroup_by%3Dcohort%26range%3D15m%26window%3D1m")
+    page.fill("#id_username", "panel-viewer")
+    page.fill("#id_password", "pw-panel")
+    page.click("button[type=submit]")
+    page.wait_for_url("**/figures/panel/**")
+    page.wait_for_function("window.metricsSocketOpen === true", timeout=15000)
+    page.evaluate("window.notReloaded = true")
+
+    for chart in CHARTS:
+        expect(page.locator(f"#chart-{chart} canvas")).to_have_count(1)
+        expect(page.locator(f"#chart-{chart}")).to_have_attribute("data-updates", "1")
+    before = chart_state(page, "ttft")
+    assert before["points"] == 16 and before["last"] == pytest.approx(0.099, rel=1e-6)
+    cell = page.locator('tr[data-group="stable"] td[data-figure="ttft_p99"]')
+    expect(cell).to_have_text("99 ms")
+
+    # A new round: 50 slow requests since the last scrape. The scraper stores
+    # it and sends one group_send per group; the server pushes the partial.
+    store(timezone.now(), {j: ttft_page(1000 + 10 * 23, 50)})
+    # From another thread, as from the Celery worker: Playwright's event loop runs in this one.
+    sender = threading.Thread(target=live.notify_scraped, args=(timezone.now(), [w.pk]))
+    sender.start()
+    sender.join(10)
+
+    expect(page.locator("#chart-ttft")).to_have_attribute("data-updates", "2", timeout=10000)
+    after = chart_state(page, "ttft")
+    assert after["last"] > 1.0, after  # the slow requests lifted the P99 into (1, 2.5]
+    expect(cell).not_to_have_text("99 ms")
+    expect(page.locator("#chart-ttft canvas")).to_have_count(1)  # updated in place, not redrawn beside
+    assert page.evaluate("window.notReloaded") is True
