@@ -15,6 +15,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
+from django_htmx.middleware import HtmxDetails
 
 from controlplane import audit
 from controlplane.accounts.roles import Role
@@ -28,9 +29,13 @@ from dashboards.forms import ProfileForm
 AUDIT_PAGE_SIZE = 200
 
 
+class HtmxHttpRequest(HttpRequest):
+    htmx: HtmxDetails
+
+
 # ---- fleet -------------------------------------------------------------------
 @role_required(Role.VIEWER)
-def fleet(request: HttpRequest) -> HttpResponse:
+def fleet(request: HtmxHttpRequest) -> HttpResponse:
     context = fleet_view.page_context()
     if request.htmx:
         return render(request, "dashboards/partials/fleet_rows.html", context)
@@ -38,7 +43,7 @@ def fleet(request: HttpRequest) -> HttpResponse:
 
 
 @role_required(Role.VIEWER)
-def worker_detail(request: HttpRequest, pk: int) -> HttpResponse:
+def worker_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     worker = get_object_or_404(fleet_view.workers(), pk=pk)
     now = timezone.now()
     events = AuditEvent.objects.filter(object_type="fleet.worker", object_id=str(worker.pk))[:50]
@@ -51,7 +56,7 @@ def worker_detail(request: HttpRequest, pk: int) -> HttpResponse:
 
 @require_POST
 @role_required(Role.OPERATOR)
-def worker_action(request: HttpRequest, pk: int, verb: str) -> HttpResponse:
+def worker_action(request: HtmxHttpRequest, pk: int, verb: str) -> HttpResponse:
     if verb not in FLAG_ACTIONS:
         raise Http404(f"no action {verb}")
     worker = get_object_or_404(Worker, pk=pk)
@@ -68,7 +73,7 @@ def worker_action(request: HttpRequest, pk: int, verb: str) -> HttpResponse:
 
 # ---- profiles ----------------------------------------------------------------
 @role_required(Role.VIEWER)
-def profiles(request: HttpRequest) -> HttpResponse:
+def profiles(request: HtmxHttpRequest) -> HttpResponse:
     rows = []
     for profile in Profile.objects.prefetch_related("revisions__pools", "revisions__author"):
         revisions = sorted(profile.revisions.all(), key=lambda r: r.revision)
@@ -78,7 +83,7 @@ def profiles(request: HttpRequest) -> HttpResponse:
 
 
 @role_required(Role.VIEWER)
-def profile_detail(request: HttpRequest, pk: int) -> HttpResponse:
+def profile_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     profile = get_object_or_404(Profile, pk=pk)
     revisions = list(profile.revisions.select_related("author").order_by("-revision"))
     diff = _diff_context(request, revisions)
@@ -96,7 +101,7 @@ def profile_detail(request: HttpRequest, pk: int) -> HttpResponse:
     return render(request, "dashboards/profile_detail.html", context)
 
 
-def _diff_context(request: HttpRequest, revisions: list[ProfileRevision]) -> dict[str, Any]:
+def _diff_context(request: HtmxHttpRequest, revisions: list[ProfileRevision]) -> dict[str, Any]:
     """?from=N&to=M (revision numbers); default: latest against the one before."""
     by_number = {r.revision: r for r in revisions}
     if not revisions:
@@ -120,7 +125,7 @@ def _diff_context(request: HttpRequest, revisions: list[ProfileRevision]) -> dic
 
 
 @role_required(Role.OPERATOR)
-def profile_edit(request: HttpRequest, pk: int | None = None) -> HttpResponse:
+def profile_edit(request: HtmxHttpRequest, pk: int | None = None) -> HttpResponse:
     """New profile (pk None) or its next revision. Field errors come from the
     engine contract, shown beside each knob."""
     profile = get_object_or_404(Profile, pk=pk) if pk is not None else None
@@ -136,9 +141,9 @@ def profile_edit(request: HttpRequest, pk: int | None = None) -> HttpResponse:
             else:
                 before = profile.audit_state()
                 if form.knobs_changed(latest):
-                    profile.add_revision(form.knobs(), author=request.user, comment=form.cleaned_data["comment"])
+                    added = profile.add_revision(form.knobs(), author=request.user, comment=form.cleaned_data["comment"])
                     audit.record(request.user, "profile.update", profile, before, profile.audit_state())
-                    messages.success(request, f"{profile.name}: revision {profile.latest_revision().revision} saved.")
+                    messages.success(request, f"{profile.name}: revision {added.revision} saved.")
                 else:
                     messages.info(request, "No knob changed; no new revision.")
         return redirect("profile-detail", pk=profile.pk)
@@ -147,7 +152,7 @@ def profile_edit(request: HttpRequest, pk: int | None = None) -> HttpResponse:
 
 # ---- audit -------------------------------------------------------------------
 @role_required(Role.VIEWER)
-def audit_log(request: HttpRequest) -> HttpResponse:
+def audit_log(request: HtmxHttpRequest) -> HttpResponse:
     events = AuditEvent.objects.all()
     if prefix := request.GET.get("action", "").strip():
         events = events.filter(action__startswith=prefix)

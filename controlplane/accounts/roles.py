@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, PermissionsMixin
 
 
 class Role(IntEnum):
@@ -32,18 +32,18 @@ def role_of(user: AbstractBaseUser | AnonymousUser | None) -> Role:
         return Role.NONE
     if getattr(user, "is_superuser", False):
         return Role.ADMIN
-    names = set(user.groups.values_list("name", flat=True))  # type: ignore[union-attr]
+    names = set(user.groups.values_list("name", flat=True))  # type: ignore[union-attr, attr-defined]
     for role in sorted(ROLE_GROUPS, reverse=True):
         if role.group_name in names:
             return role
     return Role.NONE
 
 
-def grant_role(user: AbstractBaseUser, role: Role) -> None:
+def grant_role(user: PermissionsMixin, role: Role) -> None:
     """Make ``role`` the user's one role (the groups are made by a migration)."""
     from django.contrib.auth.models import Group
 
-    groups = user.groups  # type: ignore[attr-defined]
+    groups = user.groups
     groups.remove(*Group.objects.filter(name__in=[r.group_name for r in ROLE_GROUPS]))
     if role != Role.NONE:
         groups.add(Group.objects.get_or_create(name=role.group_name)[0])

@@ -66,7 +66,7 @@ def record(
 
     from controlplane.audit.models import AuditEvent
 
-    user = None
+    user: Any = None
     if actor is None:
         actor_repr = SYSTEM
     elif isinstance(actor, str):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Model, QuerySet
+from django.db.models import QuerySet
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import serializers, viewsets
 from rest_framework.serializers import BaseSerializer
@@ -79,10 +79,10 @@ class AuditedMixin:
 
     audit_name = ""
 
-    def audit_snapshot(self, obj: Model) -> dict[str, Any]:
+    def audit_snapshot(self, obj: Any) -> dict[str, Any]:
         return audit.snapshot(obj)
 
-    def audit(self, verb: str, obj: Model, before: dict[str, Any] | None, after: dict[str, Any] | None) -> None:
+    def audit(self, verb: str, obj: Any, before: dict[str, Any] | None, after: dict[str, Any] | None) -> None:
         audit.record(self.request.user, f"{self.audit_name}.{verb}", obj, before, after)
 
     def perform_create(self, serializer: BaseSerializer) -> None:
@@ -96,7 +96,7 @@ class AuditedMixin:
             obj = serializer.save()
             self.audit("update", obj, before, self.audit_snapshot(obj))
 
-    def perform_destroy(self, instance: Model) -> None:
+    def perform_destroy(self, instance: Any) -> None:
         with transaction.atomic():
             self.audit("delete", instance, self.audit_snapshot(instance), None)
             instance.delete()

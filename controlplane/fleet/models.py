@@ -41,6 +41,7 @@ from workers.contract import HeartbeatReply, HeartbeatRequest, ProfileRef, Regis
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
 
+WorkerState = State  # the enum, by a name that Worker.State does not shadow
 STATE_CHOICES = [(state.value, state.label) for state in State]
 # Operator actions on a worker: the flags each sets. Buttons only set flags;
 # the agent (drain) and the gateway (cordon) act on them.
@@ -179,6 +180,16 @@ class WorkerQuerySet(models.QuerySet["Worker"]):
         now = now or timezone.now()
         return self.filter(drift_since__lte=now - timedelta(seconds=settings.DRIFT_GRACE_SECONDS))
 
+    def with_stale_drift_clock(self) -> WorkerQuerySet:
+        """Workers whose ``drift_since`` disagrees with desired vs running:
+        a clock that should run and does not, or the reverse."""
+        effective = Coalesce("desired_revision_id", "pool__desired_revision_id")
+        qs = self.annotate(effective_desired_id=effective)
+        differs = Q(effective_desired_id__isnull=False) & (
+            Q(running_revision__isnull=True) | ~Q(running_revision_id=F("effective_desired_id"))
+        )
+        return qs.filter((Q(drift_since__isnull=True) & differs) | (Q(drift_since__isnull=False) & ~differs))
+
     def routable(self) -> WorkerQuerySet:
         """Workers a gateway may send new requests to."""
         return self.filter(state=State.READY, cordoned=False, drain_requested=False)
@@ -270,10 +281,10 @@ class Worker(models.Model):
         secret = WORKER_SECRET_PREFIX + secrets.token_urlsafe(32)
         with transaction.atomic():
             token = EnrollmentToken.redeem(req["enroll_token"], now)
-            worker = cls.objects.select_for_update().filter(name=req["name"]).first()
-            created = worker is None
-            before = None if created else audit.snapshot(worker)
-            worker = worker or cls(name=req["name"])
+            existing = cls.objects.select_for_update().filter(name=req["name"]).first()
+            created = existing is None
+            before = None if existing is None else existing.audit_state()
+            worker = existing if existing is not None else cls(name=req["name"])
             worker.url = req["url"]
             worker.engine_kind = req["engine_kind"]
             worker.model = req["model"]
@@ -411,7 +422,7 @@ class Worker(models.Model):
 
     # ---- health sweep ---------------------------------------------------
     @classmethod
-    def sweep_liveness(cls, now: datetime | None = None) -> list[tuple[int, State, State]]:
+    def sweep_liveness(cls, now: datetime | None = None) -> list[tuple[int, WorkerState, WorkerState]]:
         """Mark silent workers unhealthy, then offline. Each transition is a
         conditional update (the worker may heartbeat meanwhile, and two
         sweeps may run at once) and writes one audit row.

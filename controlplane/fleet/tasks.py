@@ -19,7 +19,7 @@ def health_sweep() -> dict[str, int]:
 
     now = timezone.now()
     transitions = Worker.sweep_liveness(now)
-    drift_changes = Worker.refresh_drift(Worker.objects.all(), now)
+    drift_changes = Worker.refresh_drift(Worker.objects.with_stale_drift_clock(), now)
     return {"transitions": len(transitions), "drift_changes": drift_changes}
 
 

@@ -5,8 +5,8 @@ from controlplane.profiles.models import Profile, ProfileRevision
 
 class RevisionInline(admin.TabularInline):
     model = ProfileRevision
-    fields = ["revision", "fields", "author", "created", "comment"]
-    readonly_fields = fields
+    fields = ("revision", "fields", "author", "created", "comment")
+    readonly_fields = ("revision", "fields", "author", "created", "comment")
     extra = 0
     can_delete = False
 

@@ -23,7 +23,7 @@ from workers.contract import ProfileRef
 from workers.profile import ENGINE_KINDS, EngineProfile, ProfileError, profile_errors
 
 if TYPE_CHECKING:
-    from django.contrib.auth.models import AbstractBaseUser
+    from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 
 ENGINE_KIND_CHOICES = [(kind, kind) for kind in ENGINE_KINDS]
 
@@ -74,7 +74,7 @@ class Profile(models.Model):
         self,
         fields: dict[str, Any],
         *,
-        author: AbstractBaseUser | None = None,
+        author: AbstractBaseUser | AnonymousUser | None = None,
         comment: str = "",
         now: datetime | None = None,
     ) -> ProfileRevision:
@@ -85,6 +85,7 @@ class Profile(models.Model):
         if errors:
             raise ProfileError(errors)
         normalized = EngineProfile.from_dict(fields, engine_kind=self.engine_kind).to_dict()
+        recorded_author: Any = author if author is not None and author.is_authenticated else None
         with transaction.atomic():
             # The row lock serializes concurrent edits of one profile, so two
             # editors cannot both take revision n+1.
@@ -94,7 +95,7 @@ class Profile(models.Model):
                 profile=self,
                 revision=last + 1,
                 fields=normalized,
-                author=author if author is not None and author.is_authenticated else None,
+                author=recorded_author,
                 comment=comment,
                 created=now or timezone.now(),
             )

@@ -154,3 +154,26 @@ def test_a_user_without_a_role_may_not_even_read(db: Any) -> None:
 
 def test_me_names_the_callers_role(operator_api: APIClient, operator: Any) -> None:
     assert operator_api.get("/api/v1/me/").json() == {"username": operator.username, "role": "operator"}
+
+
+def test_createapitoken_prints_a_token_that_works_with_the_role_given(db: Any) -> None:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    out = StringIO()
+    call_command("createapitoken", "robot", "--create", "--role", "operator", stdout=out)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {out.getvalue().strip()}")
+    assert client.get("/api/v1/me/").json() == {"username": "robot", "role": "operator"}
+    assert client.post("/api/v1/pools/", {"name": "made-by-robot"}, format="json").status_code == 201
+
+
+def test_createapitoken_refuses_an_unknown_user_or_role(db: Any) -> None:
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match="no user"):
+        call_command("createapitoken", "ghost")
+    with pytest.raises(CommandError, match="unknown role"):
+        call_command("createapitoken", "ghost", "--create", "--role", "emperor")

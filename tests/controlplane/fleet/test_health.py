@@ -116,6 +116,11 @@ def test_refresh_drift_rederives_clocks_from_stored_state() -> None:
     worker, _ = enroll_worker(pool=make_pool(revision=revision))
     Worker.objects.filter(pk=worker.pk).update(drift_since=None)  # lost, say, by a crash
     now = timezone.now()
-    assert Worker.refresh_drift(Worker.objects.all(), now) == 1
+    assert list(Worker.objects.with_stale_drift_clock()) == [worker]
+    assert Worker.refresh_drift(Worker.objects.with_stale_drift_clock(), now) == 1
     assert Worker.objects.get(pk=worker.pk).drift_since == now
-    assert Worker.refresh_drift(Worker.objects.all(), now) == 0
+    assert list(Worker.objects.with_stale_drift_clock()) == []
+    Worker.objects.filter(pk=worker.pk).update(running_revision=revision)  # in step, clock still running
+    assert list(Worker.objects.with_stale_drift_clock()) == [worker]
+    assert Worker.refresh_drift(Worker.objects.with_stale_drift_clock(), now) == 1
+    assert Worker.objects.get(pk=worker.pk).drift_since is None

@@ -23,6 +23,12 @@ class Command(BaseCommand):
         parser.add_argument("--rotate", action="store_true", help="replace an existing token")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        role = None
+        if options["role"]:
+            try:
+                role = parse_role(options["role"])
+            except ValueError as exc:
+                raise CommandError(str(exc)) from exc
         User = get_user_model()
         username = options["username"]
         user = User.objects.filter(username=username).first()
@@ -32,11 +38,7 @@ class Command(BaseCommand):
             user = User.objects.create_user(username=username)
             user.set_unusable_password()
             user.save()
-        if options["role"]:
-            try:
-                role = parse_role(options["role"])
-            except ValueError as exc:
-                raise CommandError(str(exc)) from exc
+        if role is not None:
             grant_role(user, role)
         if options["rotate"]:
             Token.objects.filter(user=user).delete()
