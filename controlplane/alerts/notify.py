@@ -61,13 +61,14 @@ EVENT_LABEL = "chunkpilot_event"
 
 
 def notify_event(
-    event: str,
+    event: str | None = None,
     *,
     labels: Mapping[str, str],
-    summary: str,
+    summary: str = "",
     description: str = "",
-    severity: str = "info",
+    severity: str | None = None,
     dashboard_url: str = "",
+    annotations: Mapping[str, str] | None = None,
     ttl_seconds: float | None = None,
     now: datetime | None = None,
 ) -> Alert:
@@ -75,17 +76,24 @@ def notify_event(
     rollout aborts, pauses or completes.
 
     ``event``       the alert name, CamelCase: "RolloutAborted",
-                    "RolloutPaused", "RolloutCompleted".
+                    "RolloutPaused", "RolloutCompleted". May be left out when
+                    ``labels`` carries ``alertname``.
     ``labels``      what the event is about, as strings: {"rollout": "12",
                     "pool": "gpu-a"}. ``alertname`` (= event), ``severity``
                     and ``chunkpilot_event="true"`` are added; routes and
                     silences match on all of them.
-    ``summary``, ``description``, ``dashboard_url``  the annotations.
-    ``severity``    info, warning or critical (critical shows the banner).
+    ``summary``, ``description``, ``dashboard_url``  the annotations; or
+                    pass them (and any others) as ``annotations``.
+    ``severity``    info, warning or critical (critical shows the banner);
+                    default ``labels["severity"]``, else info.
     ``ttl_seconds`` the notice fires now and resolves by itself after this
                     (default ALERT_EVENT_TTL_SECONDS, 5 minutes), which
                     sends the resolved notice to receivers that want them.
     ``now``         the caller's clock.
+
+    Both ``notify_event("RolloutAborted", labels={...}, summary="...")`` and
+    ``notify_event(labels={"alertname": ..., "severity": ..., ...},
+    annotations={"summary": ..., ...})`` work.
 
     The event's identity is its label set: calling again with the same
     labels while it still fires refreshes it (new annotations, new expiry)
@@ -97,19 +105,22 @@ def notify_event(
     now = now or timezone.now()
     ttl = conf.event_ttl_seconds() if ttl_seconds is None else float(ttl_seconds)
     full = {str(k): str(v) for k, v in labels.items()}
-    full.update({"alertname": event, "severity": severity, EVENT_LABEL: "true"})
+    name = event or full.get("alertname")
+    if not name:
+        raise ValueError("an event needs a name: pass event or labels['alertname']")
+    full.update({"alertname": name, "severity": severity or full.get("severity") or "info", EVENT_LABEL: "true"})
     fp = fingerprint(full)
-    annotations = {"summary": summary}
-    if description:
-        annotations["description"] = description
-    if dashboard_url:
-        annotations["dashboard_url"] = dashboard_url
+    notes = {str(k): str(v) for k, v in (annotations or {}).items() if v}
+    for key, value in (("summary", summary), ("description", description), ("dashboard_url", dashboard_url)):
+        if value:
+            notes[key] = value
+    summary = notes.get("summary", name)
     with transaction.atomic():
         alert = Alert.objects.select_for_update().filter(fingerprint=fp).first()
         previous = State(alert.state) if alert is not None else State.INACTIVE
         if alert is None:
             alert = Alert(fingerprint=fp, source=Alert.SOURCE_EVENT, labels=full)
-        alert.annotations = annotations
+        alert.annotations = notes
         alert.expires_at = now + timedelta(seconds=ttl)
         if previous != State.FIRING:
             alert.state = State.FIRING

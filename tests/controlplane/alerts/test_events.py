@@ -31,3 +31,13 @@ def test_an_event_fires_once_per_label_set_and_resolves_after_its_ttl(db: Any) -
     notify.dispatch(T0 + timedelta(seconds=91))
     expired = Alert.objects.get(pk=alert.pk)
     assert expired.state == State.RESOLVED and expired.resolved_at == T0 + timedelta(seconds=90)
+
+
+def test_an_event_may_carry_its_name_and_severity_in_its_labels(db: Any) -> None:
+    alert = notify.notify_event(
+        labels={"alertname": "RolloutPaused", "severity": "warning", "rollout": "3"},
+        annotations={"summary": "rollout 3 paused", "description": "inconclusive analysis"}, now=T0,
+    )
+    assert alert.labels == {"alertname": "RolloutPaused", "severity": "warning", "rollout": "3",
+                            "chunkpilot_event": "true"}
+    assert alert.annotations == {"summary": "rollout 3 paused", "description": "inconclusive analysis"}
