@@ -239,3 +239,37 @@ class PrometheusView(APIView):
     @extend_schema(summary="Prometheus exposition of the control plane", responses={(200, "text/plain"): str})
     def get(self, request: Request) -> HttpResponse:
         return HttpResponse(exposition.render(), content_type=exposition.CONTENT_TYPE)
+
+
+class PrometheusSDView(APIView):
+    """Prometheus HTTP service discovery: every registered worker as a target,
+    labelled with the worker, its pool and its cohort (the pool's role in the
+    routing table), so the shipped rules and dashboard group as the control
+    plane does. Use with ``http_sd_configs`` (see deploy/prometheus/README.md)."""
+
+    @extend_schema(summary="Worker targets for Prometheus's http_sd_configs", responses={200: dict})
+    def get(self, request: Request) -> Response:
+        from urllib.parse import urlsplit
+
+        from controlplane.fleet.models import Worker
+        from controlplane.metrics.scrape import cohorts_by_pool
+
+        cohorts = cohorts_by_pool()
+        groups = []
+        for w in Worker.objects.select_related("pool").order_by("name"):
+            url = urlsplit(w.url)
+            if not url.hostname:
+                continue
+            host = f"[{url.hostname}]" if ":" in url.hostname else url.hostname
+            port = url.port or (443 if url.scheme == "https" else 80)
+            groups.append({
+                "targets": [f"{host}:{port}"],
+                "labels": {
+                    "__scheme__": url.scheme or "http",
+                    "__metrics_path__": url.path.rstrip("/") + "/metrics",
+                    "worker": w.name,
+                    "pool": w.pool.name if w.pool else "",
+                    "cohort": cohorts.get(w.pool_id, "") if w.pool_id else "",
+                },
+            })
+        return Response(groups)

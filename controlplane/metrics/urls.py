@@ -3,6 +3,7 @@ from django.urls import URLPattern, URLResolver, re_path
 from controlplane.metrics.api import (
     FiguresView,
     ObjectivesView,
+    PrometheusSDView,
     QueryRangeView,
     QueryView,
     TargetsView,
@@ -15,4 +16,5 @@ urlpatterns: list[URLPattern | URLResolver] = [
     re_path(r"^metrics/query_range/?$", QueryRangeView.as_view(), name="metrics-query-range"),
     re_path(r"^metrics/objectives/?$", ObjectivesView.as_view(), name="metrics-objectives"),
     re_path(r"^metrics/targets/?$", TargetsView.as_view(), name="metrics-targets"),
+    re_path(r"^metrics/prometheus-sd/?$", PrometheusSDView.as_view(), name="metrics-prometheus-sd"),
 ]
