@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 from collections.abc import Awaitable, Callable, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -96,8 +97,30 @@ class HeartbeatFastPath:
         await _respond(send, status, payload, headers)
 
 
+_thread = threading.local()
+
+
+def _prepare_connection() -> None:
+    """Heartbeat connections commit without waiting for the WAL flush.
+
+    Everything a heartbeat thread writes is the worker's soft state (and, now
+    and then, the audit row of a change in it, in the same transaction). After
+    a database crash the last fraction of a second of it may be gone, state
+    and audit row together, and the worker's next heartbeat writes both
+    again; meanwhile no heartbeat waits for an fsync. Not with a connection
+    pool: its connections also serve other code."""
+    if connection.vendor != "postgresql" or connection.settings_dict.get("OPTIONS", {}).get("pool"):
+        return
+    connection.ensure_connection()
+    if getattr(_thread, "prepared", None) is not connection.connection:
+        with connection.cursor() as cursor:
+            cursor.execute("SET synchronous_commit TO OFF")
+        _thread.prepared = connection.connection
+
+
 def _handle(authorization: str | None, body: bytes) -> tuple[int, dict[str, Any], dict[str, str]]:
     try:
+        _prepare_connection()
         return heartbeat_response(authorization, body)
     except Exception:
         log.exception("heartbeat failed")

@@ -13,6 +13,7 @@ database does not let anyone heartbeat as a worker.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import secrets
@@ -20,7 +21,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
-from django.db import connection, models, transaction
+from django.db import models, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -343,9 +344,9 @@ class Worker(models.Model):
         self.apply_error = hb["apply_error"] or ""
         recovered = State(old[0]).is_lost
         applied = self.running_revision_id != old[1] and self.running_revision_id is not None
-        with transaction.atomic():
-            if not (recovered or applied):
-                _relax_commit_durability()
+        # A routine heartbeat is one UPDATE in autocommit; one that also
+        # writes audit rows commits them together with the state they describe.
+        with transaction.atomic() if recovered or applied else contextlib.nullcontext():
             self.save(
                 update_fields=[
                     "state", "state_changed_at", "running_revision", "drift_since", "last_heartbeat_at",
@@ -460,19 +461,6 @@ class Worker(models.Model):
                 events.worker_changed(worker.pk)
             transitions.append((worker.pk, current, target))
         return transitions
-
-
-def _relax_commit_durability() -> None:
-    """Let this transaction commit without waiting for the WAL flush.
-
-    A routine heartbeat is soft state that the next one (seconds later)
-    restates; after a crash, losing the last few is harmless, while waiting
-    for an fsync on every one is most of its latency on a busy disk. Rows
-    that must last (audit) are written in transactions that do not call this.
-    """
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SET LOCAL synchronous_commit TO OFF")
 
 
 @functools.lru_cache(maxsize=1024)
