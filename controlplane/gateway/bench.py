@@ -36,8 +36,11 @@ NGINX = "/usr/sbin/nginx"
 class Target:
     name: str
     url: str  # base URL
+    pids: list[int] = field(default_factory=list)  # the proxy's processes, for its CPU time
     ttfts: list[float] = field(default_factory=list)
     errors: int = 0
+    cpu_seconds: float = 0.0  # the proxy's, over the measured phases
+    wall_seconds: float = 0.0
     # One client per target, kept across phases: connections stay warm.
     client: Upstream = field(default_factory=lambda: Upstream(UpstreamTimeouts(connect_seconds=10)))
 
@@ -117,9 +120,32 @@ async def _rounds(targets: list[Target], load: Load, headers: list[tuple[bytes, 
     for round_index in range(load.num_rounds):
         order = targets[round_index % len(targets):] + targets[: round_index % len(targets)]
         for target in order:
+            cpu_before, started = cpu_seconds(target.pids), time.perf_counter()
             await _phase(target, load, headers, rng, load.phase_seconds, record=True)
+            target.wall_seconds += time.perf_counter() - started
+            target.cpu_seconds += cpu_seconds(target.pids) - cpu_before
             if progress is not None:
                 progress(f"round {round_index + 1}/{load.num_rounds}: {target.name} ({len(target.ttfts)} streams)")
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time of these processes and their children (nginx's worker)."""
+    total = 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    seen: set[int] = set()
+    todo = list(pids)
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+            todo += [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
 
 
 # ---- nginx ------------------------------------------------------------------------------
@@ -176,6 +202,9 @@ def summary(targets: list[Target]) -> dict[str, dict[str, float]]:
             row[f"p{q}_ms"] = t.percentile(q) * 1000 if t.ttfts else float("nan")
             row[f"added_p{q}_ms"] = (t.percentile(q) - direct.percentile(q)) * 1000 if t.ttfts else float("nan")
         row["mean_ms"] = statistics.fmean(t.ttfts) * 1000 if t.ttfts else float("nan")
+        # The proxy's CPU per stream served (direct: no proxy, 0).
+        row["cpu_ms_per_stream"] = 1000 * t.cpu_seconds / len(t.ttfts) if t.ttfts and t.pids else 0.0
+        row["cpu_percent"] = 100 * t.cpu_seconds / t.wall_seconds if t.wall_seconds and t.pids else 0.0
         out[t.name] = row
     return out
 

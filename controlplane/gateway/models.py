@@ -147,12 +147,15 @@ class RoutingTable(models.Model):
         actor: Actor,
         reason: str = "",
         salt: str | None = None,
+        require_ready: bool = True,
         now: datetime | None = None,
     ) -> int:
         """Replace the table's pools, roles and weights (and its salt, if
         given). The table must be saved. Same validation as ``set_weights``,
         with every weighted pool needing a routable worker unless it already
-        held that weight; plus one pool per role and each pool once. Idempotent."""
+        held that weight (or ``require_ready=False``: seeding a table before
+        its workers are up); plus one pool per role and each pool once.
+        Idempotent."""
         now = now or timezone.now()
         with transaction.atomic():
             table = RoutingTable.objects.select_for_update().get(pk=self.pk)
@@ -167,7 +170,7 @@ class RoutingTable(models.Model):
             held = {m.pool_id: m.weight_bp for m in members}
             _validate_weights(
                 [(s.pool, s.role, s.weight_bp) for s in specs],
-                rising_pools={s.pool.pk for s in specs if s.weight_bp > held.get(s.pool.pk, 0)},
+                rising_pools={s.pool.pk for s in specs if s.weight_bp > held.get(s.pool.pk, 0)} if require_ready else set(),
             )
             table.pools.all().delete()
             RoutingPool.objects.bulk_create(

@@ -475,10 +475,10 @@ class Gateway:
         meter = StreamMeter(req.arrival, strip_usage=strip_usage)
         await send({"type": "http.response.start", "status": 200, "headers": self._response_headers(req, response)})
         gone = asyncio.ensure_future(receive())  # completes when the client disconnects
-        clock = self.clock
+        clock, feed, next_chunk = self.clock, meter.feed, response.next_chunk
         try:
-            async for chunk in response.chunks():
-                out = meter.feed(chunk, clock())
+            while (chunk := await next_chunk()) is not None:
+                out = feed(chunk, clock())
                 if out:
                     await send({"type": "http.response.body", "body": out, "more_body": True})
                 if gone.done():

@@ -51,6 +51,9 @@ class UpstreamResponse(Protocol):
 
     def chunks(self) -> AsyncIterator[bytes]: ...
 
+    async def next_chunk(self) -> bytes | None:
+        """The body bytes that arrived since the last call; None at the end."""
+
     async def read(self) -> bytes: ...
 
     async def close(self) -> None: ...
@@ -179,10 +182,14 @@ class _Response:
         self._done = False
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        conn = self._conn
-        while (chunk := await conn.next_chunk()) is not None:
+        while (chunk := await self.next_chunk()) is not None:
             yield chunk
-        self._finish()
+
+    async def next_chunk(self) -> bytes | None:
+        chunk = await self._conn.next_chunk()
+        if chunk is None:
+            self._finish()
+        return chunk
 
     async def read(self) -> bytes:
         return b"".join([chunk async for chunk in self.chunks()])
@@ -297,7 +304,8 @@ class _HttpxResponse:
     def __init__(self, response: Any):
         self._response = response
         self.status = response.status_code
-        self.headers: list[tuple[bytes, bytes]] = response.headers.raw
+        self.headers: list[tuple[bytes, bytes]] = [(k.lower(), v) for k, v in response.headers.raw]
+        self._iterator: AsyncIterator[bytes] | None = None
 
     async def chunks(self) -> AsyncIterator[bytes]:
         import httpx
@@ -310,6 +318,11 @@ class _HttpxResponse:
 
     async def read(self) -> bytes:
         return b"".join([chunk async for chunk in self.chunks()])
+
+    async def next_chunk(self) -> bytes | None:
+        if self._iterator is None:
+            self._iterator = self.chunks()
+        return await anext(self._iterator, None)
 
     async def close(self) -> None:
         await self._response.aclose()

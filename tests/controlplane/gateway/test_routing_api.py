@@ -204,3 +204,15 @@ def test_the_openapi_document_has_the_routing_api() -> None:
                  "/api/v1/gateways/", "/api/v1/client-keys/"):
         assert path in document["paths"], path
     assert {"get", "put", "patch", "delete"} <= set(document["paths"]["/api/v1/routing/{model}/"])
+
+
+def test_the_demo_seed_routes_everything_to_stable_and_issues_one_fresh_key() -> None:
+    from controlplane.gateway import demo
+
+    make_pool("stable"), make_pool("canary")  # no workers yet: the demo seeds before they start
+    first = demo.seed("tiny-model")
+    second = demo.seed("tiny-model")
+    table = RoutingTable.objects.get(model="tiny-model")
+    assert table.weights() == {"canary": 0, "stable": 10000}
+    assert ClientKey.objects.get().key_hash == hash_key(second) != hash_key(first)
+    assert ClientKey.objects.get().is_admin

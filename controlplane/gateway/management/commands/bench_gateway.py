@@ -118,7 +118,7 @@ class Command(BaseCommand):
     def _run(self, options: dict[str, Any], load: bench.Load, rows: _Rows, worker_url: str, workdir: Path) -> None:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         with contextlib.ExitStack() as stack:
-            gateway_urls = []
+            gateway_urls, gateway_pids = [], []
             for i in range(options["gateways"]):
                 port = free_port()
                 argv = [sys.executable, "manage.py", "rungateway", "--port", str(port), "--client", options["client"],
@@ -127,6 +127,7 @@ class Command(BaseCommand):
                 url = f"http://127.0.0.1:{port}"
                 wait_http(f"{url}/health", proc)
                 gateway_urls.append(url)
+                gateway_pids.append(proc.pid)
             nginx_port = free_port()
             nginx = bench.start_nginx(workdir / "nginx", nginx_port, worker_url.removeprefix("http://"))
             stack.callback(_stop, nginx)
@@ -135,8 +136,10 @@ class Command(BaseCommand):
             for url in gateway_urls:  # each has the bench table before traffic starts
                 _wait_for(lambda u=url: load.model in httpx.get(f"{u}/health", timeout=2).json().get("models", {}))
 
-            targets = [bench.Target("direct", worker_url), bench.Target("gateway", gateway_urls[0]),
-                       bench.Target("nginx", nginx_url)]
+            def targets() -> list[bench.Target]:
+                return [bench.Target("direct", worker_url), bench.Target("gateway", gateway_urls[0], [gateway_pids[0]]),
+                        bench.Target("nginx", nginx_url, [nginx.pid])]
+
             headers = [(b"content-type", b"application/json"), (b"authorization", f"Bearer {rows.key}".encode())]
             self.stdout.write(
                 f"{load.num_streams} concurrent streams, {load.min_tokens}-{load.max_tokens} tokens each, "
@@ -146,24 +149,36 @@ class Command(BaseCommand):
                 + f"; gateway client: {options['client']}; {os.cpu_count()} CPUs"
             )
             _use_uvloop()
-            asyncio.run(bench.run_load(targets, load, headers, progress=lambda m: self.stderr.write(m)))
-            figures = bench.summary(targets)
+            # One stream at a time first: the path's own cost, without queueing.
+            single = bench.Load(num_streams=1, min_tokens=1, max_tokens=1, phase_seconds=1.0, warmup_seconds=0.3,
+                                num_rounds=3, model=load.model)
+            alone = targets()
+            asyncio.run(bench.run_load(alone, single, headers))
+            loaded = targets()
+            asyncio.run(bench.run_load(loaded, load, headers, progress=lambda m: self.stderr.write(m)))
             acks = rows.time_acks(options["ack_trials"])
-            self._report(figures, acks, options)
+            self._report(bench.summary(alone), bench.summary(loaded), acks, options)
 
-    def _report(self, figures: dict[str, dict[str, float]], acks: list[float], options: dict[str, Any]) -> None:
+    def _report(self, alone: dict[str, dict[str, float]], figures: dict[str, dict[str, float]],
+                acks: list[float], options: dict[str, Any]) -> None:
         out = self.stdout.write
+        a_gw, a_nx = alone["gateway"], alone["nginx"]
+        out(f"one stream at a time: added TTFT P50 gateway {a_gw['added_p50_ms']:.3f} ms, "
+            f"nginx {a_nx['added_p50_ms']:.3f} ms (direct P50 {alone['direct']['p50_ms']:.2f} ms)")
+        out(f"{options['streams']} concurrent streams:")
         out(f"{'target':8} {'streams':>7} {'errors':>6} {'P50 ms':>8} {'P90 ms':>8} {'P99 ms':>8} "
-            f"{'added P50':>10} {'added P99':>10}")
+            f"{'added P50':>10} {'added P99':>10} {'proxy CPU':>10} {'CPU/stream':>11}")
         for name, row in figures.items():
             out(f"{name:8} {row['n']:7.0f} {row['errors']:6.0f} {row['p50_ms']:8.2f} {row['p90_ms']:8.2f} "
-                f"{row['p99_ms']:8.2f} {row['added_p50_ms']:10.3f} {row['added_p99_ms']:10.3f}")
+                f"{row['p99_ms']:8.2f} {row['added_p50_ms']:10.3f} {row['added_p99_ms']:10.3f} "
+                f"{row['cpu_percent']:9.1f}% {row['cpu_ms_per_stream']:8.3f} ms")
         gw, nx = figures["gateway"], figures["nginx"]
         r50 = bench.ratio(gw["added_p50_ms"], nx["added_p50_ms"])
         r99 = bench.ratio(gw["added_p99_ms"], nx["added_p99_ms"])
         out(f"gateway added TTFT: P50 {gw['added_p50_ms']:.3f} ms (goal <= 1), P99 {gw['added_p99_ms']:.3f} ms (goal <= 5)")
         out(f"nginx added TTFT:   P50 {nx['added_p50_ms']:.3f} ms, P99 {nx['added_p99_ms']:.3f} ms")
-        out(f"gateway/nginx added-latency ratio: P50 {r50:.1f}x, P99 {r99:.1f}x (goal <= 3x)")
+        out(f"gateway/nginx added-latency ratio: P50 {r50:.1f}x, P99 {r99:.1f}x (goal <= 3x); "
+            f"CPU per stream {bench.ratio(gw['cpu_ms_per_stream'], nx['cpu_ms_per_stream']):.1f}x nginx's")
         ack_figures: dict[str, float] = {}
         if acks:
             ordered = sorted(acks)
@@ -176,7 +191,8 @@ class Command(BaseCommand):
                 f"P50 {ack_figures['p50_ms']:.1f} ms, P99 {ack_figures['p99_ms']:.1f} ms, "
                 f"max {ack_figures['max_ms']:.1f} ms (rollout goal: P99 <= 1000 ms)")
         if options["json"]:
-            out(json.dumps({"ttft": figures, "ratio_p50": r50, "ratio_p99": r99, "acks": ack_figures}))
+            out(json.dumps({"one_stream": alone, "ttft": figures, "ratio_p50": r50, "ratio_p99": r99,
+                            "acks": ack_figures}))
 
 
 def _use_uvloop() -> None:

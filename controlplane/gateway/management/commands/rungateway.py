@@ -74,7 +74,14 @@ class Command(BaseCommand):
         parser.add_argument("--log-level", default="info")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        import sys
+
         import uvicorn
+
+        # The log writer and the snapshot loader are threads: when they hold
+        # the GIL, the event loop waits up to the switch interval (5 ms by
+        # default) on every wakeup. A stream's next token must not.
+        sys.setswitchinterval(0.0005)
 
         address = options["advertise"] or f"{options['host']}:{options['port']}"
         app, writer = build_gateway(address, client=options["client"])
@@ -90,6 +97,9 @@ class Command(BaseCommand):
             log_level=options["log_level"].lower(),
             timeout_keep_alive=30,
             backlog=4096,
+            proxy_headers=False,  # no client addresses are used: skip the middleware
+            server_header=False,
+            date_header=False,
         )
         server = uvicorn.Server(config)
         log.info("gateway %s listening on %s:%s", address, options["host"], options["port"])

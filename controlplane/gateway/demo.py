@@ -1,0 +1,57 @@
+"""The gateway's part of ``manage.py demo``: a routing table for the demo
+model, a client key for the load generator, and the gateway process.
+
+    from controlplane.gateway import demo as gateway_demo
+
+    key = gateway_demo.seed(model_name)              # in seed(), once the pools exist
+    specs.append(gateway_demo.process_spec(ctx))     # in processes(), after the web server
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from django.db import transaction
+
+ACTOR = "system:demo"
+DEMO_KEY_NAME = "demo: load generator"
+GATEWAY_PORT = 8080
+
+
+@transaction.atomic
+def seed(model: str, *, stable_pool: str = "stable", canary_pool: str = "canary") -> str:
+    """The routing table for ``model`` (everything on the stable pool, the
+    canary pool at 0 until a rollout moves it), and a fresh admin client key
+    (the load generator's; keys of earlier runs are revoked). Returns the
+    key. Safe on every start: an existing table keeps its weights and salt."""
+    from controlplane import audit
+    from controlplane.fleet.models import Pool
+    from controlplane.gateway.models import ClientKey, PoolSpec, RoutingTable
+
+    table = RoutingTable.objects.filter(model=model).first()
+    if table is None:
+        table = RoutingTable.create_audited(model, actor=ACTOR)
+        table.configure(
+            [PoolSpec(Pool.objects.get(name=stable_pool), "stable", 10000),
+             PoolSpec(Pool.objects.get(name=canary_pool), "canary", 0)],
+            actor=ACTOR,
+            reason="demo seed",
+            require_ready=False,  # the workers start after the seed
+        )
+    ClientKey.objects.filter(name=DEMO_KEY_NAME).delete()
+    key, plaintext = ClientKey.issue(DEMO_KEY_NAME, is_admin=True)
+    audit.record(ACTOR, "clientkey.create", key, None, audit.snapshot(key))
+    return plaintext
+
+
+def process_spec(ctx: Any, port: int = GATEWAY_PORT) -> Any:
+    """``manage.py rungateway`` as a demo process (``ctx``: the demo's DemoContext)."""
+    from controlplane.launcher import ProcessSpec
+
+    return ProcessSpec(
+        "gateway",
+        [sys.executable, "manage.py", "rungateway", "--host", ctx.host, "--port", str(port)],
+        env=ctx.env(),
+        ready_url=f"http://{ctx.host}:{port}/health",
+    )
