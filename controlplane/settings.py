@@ -117,6 +117,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "dashboards.access.role_context",
+                "controlplane.alerts.context_processors.critical_alerts",
             ],
         },
     },

@@ -16,4 +16,5 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("audit/", views.audit_log, name="audit-log"),
     path("", include("dashboards.urls_metrics")),
     path("", include("dashboards.urls_rollouts")),
+    path("", include("dashboards.urls_alerts")),
 ]
