@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
+from django.db import DatabaseError, connection
 
 from workers import contract
 
@@ -58,7 +58,13 @@ def heartbeat_response(authorization: str | None, body: bytes) -> tuple[int, dic
         hb = contract.parse_heartbeat(data)
     except contract.ContractError as exc:
         return 400, exc.errors, {}
-    return 200, dict(worker.record_heartbeat(hb)), {}
+    try:
+        return 200, dict(worker.record_heartbeat(hb)), {}
+    except DatabaseError:
+        if not Worker.objects.filter(pk=worker.pk).exists():
+            # deleted by an operator between authentication and update
+            return 401, {"detail": "unknown worker secret; register again."}, UNAUTHORIZED_HEADERS
+        raise
 
 
 class HeartbeatFastPath:

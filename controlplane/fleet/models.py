@@ -304,7 +304,7 @@ class Worker(models.Model):
             )
             worker.save()
             audit.record(
-                f"worker:{worker.name}", "worker.register", worker, before, audit.snapshot(worker), time=now
+                f"worker:{worker.name}", "worker.register", worker, before, worker.audit_state(), time=now
             )
             events.worker_changed(worker.pk, created=created)
         return worker, secret
