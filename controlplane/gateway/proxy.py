@@ -488,7 +488,9 @@ class Gateway:
                 await send({"type": "http.response.body", "body": meter.flush(), "more_body": False})
         except UpstreamBroken as exc:
             self._failed(pool, worker, "stream", exc)
-            rec.status, rec.error = 502, f"the worker's stream broke off: {exc}"[:500]
+            # The client got a 200 and a stream that ends in an error event:
+            # the log says so (status as sent, error set), as for a worker's own error event.
+            rec.error = f"the worker's stream broke off: {exc}"[:500]
             error = ApiError(502, "The worker's stream broke off.", type="service_unavailable", code="upstream_broken")
             with contextlib.suppress(Exception):
                 await send({"type": "http.response.body", "body": meter.flush() + b"data: " + error.body() + b"\n\n",

@@ -320,9 +320,14 @@ def test_a_worker_killed_mid_run_gets_no_new_requests(start_gateway, start_worke
             wait_until(lambda: RequestLog.objects.count() == 160, timeout=10)
         late_rows = RequestLog.objects.filter(created_at__gt=_aware(kill_at[0]))
         assert late_rows.count() == len(after_kill)
-        assert set(late_rows.values_list("worker_id", "status")) == {(workers["stable"][1].pk, 200)}
+        assert set(late_rows.values_list("worker_id", "status", "error")) == {(workers["stable"][1].pk, 200, "")}
         early = RequestLog.objects.filter(created_at__lt=_aware(kill_at[0]), worker_id=killed_id)
         assert early.exists()  # it did serve before the kill
+        # Its streams in flight at the kill broke: logged as failed, the client told so in-stream.
+        broken = [o for o in outcomes if o[0] < kill_at[0] and o[2]]
+        assert all("upstream_broken" in o[2] for o in broken)
+        assert early.exclude(error="").count() == len(broken)
+        assert all("broke off" in e for e in early.exclude(error="").values_list("error", flat=True))
 
 
 def _aware(unix: float) -> Any:
