@@ -39,14 +39,7 @@ from typing import Any
 
 import httpx
 
-
-def percentile(values: list[float], q: float) -> float:  # TODO: workers.figures once it lands
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100
-    lo = int(rank)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (rank - lo)
-
+from workers.figures import mean, percentile
 
 SESSION_HEADER = "x-chunkpilot-session"
 SCENARIOS = ("long-tail", "chat", "burst")
@@ -364,10 +357,8 @@ def parse_slos(items: list[str] | None) -> dict[str, float]:
 
 
 def _stats_ms(values: list[float]) -> dict[str, float | None]:
-    if not values:
-        return {"mean": None, "p50": None, "p99": None}
     ms = [v * 1000 for v in values]
-    return {"mean": sum(ms) / len(ms), "p50": percentile(ms, 50), "p99": percentile(ms, 99)}
+    return {"mean": mean(ms), "p50": percentile(ms, 50), "p99": percentile(ms, 99)}
 
 
 def meets_slos(record: RequestRecord, slos: dict[str, float]) -> bool:

@@ -41,6 +41,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from workers import figures
 from workers.engine_api import EngineLoad, RequestMetrics, StepMetrics
 from workers.profile import EngineProfile
 
@@ -80,13 +81,6 @@ def request_token_buckets(max_model_len: int) -> list[float]:
                 return out
             out.append(value)
         exponent += 1
-
-
-def max_gap_seconds(token_times: list[float]) -> float | None:
-    """A request's largest gap between two consecutive tokens (its stall)."""
-    if len(token_times) < 2:
-        return None
-    return max(b - a for a, b in zip(token_times, token_times[1:], strict=False))
 
 
 class _FamilyFilter:
@@ -236,7 +230,7 @@ class MetricsExporter:
             self.v_cache_hits.inc(step.prefix_cache_hits)
 
     def on_request_finished(self, request_id: str, metrics: RequestMetrics, finish_reason: str) -> None:
-        gap = max_gap_seconds(metrics.token_times)
+        gap = figures.max_gap_seconds(metrics)
         if gap is not None:
             self.max_gap.observe(gap)
         if self._native is not None:
@@ -247,16 +241,15 @@ class MetricsExporter:
         self.v_generation.inc(m.num_output_tokens)
         self.v_prompt_hist.observe(m.num_prompt_tokens)
         self.v_gen_hist.observe(m.num_output_tokens)
-        times = m.token_times
-        for a, b in zip(times, times[1:], strict=False):
-            self.v_itl.observe(b - a)
-        if m.first_token_time is not None:
-            self.v_ttft.observe(m.first_token_time - m.arrival_time)
-        if len(times) > 1:
-            self.v_tpot.observe((times[-1] - times[0]) / (len(times) - 1))
-            self.v_decode.observe(times[-1] - times[0])
-        if m.finished_time is not None:
-            self.v_e2e.observe(m.finished_time - m.arrival_time)
+        for gap in figures.token_gaps(m):
+            self.v_itl.observe(gap)
+        if (ttft := figures.ttft_seconds(m)) is not None:
+            self.v_ttft.observe(ttft)
+        if (tpot := figures.tpot_seconds(m)) is not None:
+            self.v_tpot.observe(tpot)
+            self.v_decode.observe(m.token_times[-1] - m.token_times[0])
+        if (e2e := figures.e2e_seconds(m)) is not None:
+            self.v_e2e.observe(e2e)
         if m.first_scheduled_time is not None:
             self.v_queue.observe(m.first_scheduled_time - m.arrival_time)
             if m.first_token_time is not None:

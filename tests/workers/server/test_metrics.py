@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry, Counter
 from tests.workers.server.support import metric_names, metric_value
 from workers.engine_api import EngineLoad, RequestMetrics, StepMetrics
 from workers.profile import EngineProfile
-from workers.server.metrics import MetricsExporter, max_gap_seconds, request_token_buckets
+from workers.server.metrics import MetricsExporter, request_token_buckets
 
 # DESIGN.md's vocabulary, exactly as it names the exposed families.
 VLLM_NAMES = {
@@ -163,7 +163,5 @@ def test_profile_info_names_the_running_profile():
     assert metric_value(text, "chunkpilot:profile_info", profile="mono", revision="4") == 1
 
 
-def test_helpers():
-    assert max_gap_seconds([1.0]) is None
-    assert max_gap_seconds([1.0, 1.5, 3.0]) == 1.5
+def test_token_buckets_follow_vllms_one_two_five_series():
     assert request_token_buckets(1000) == [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000]
