@@ -63,7 +63,8 @@ class AlertRuleForm(forms.ModelForm):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields["figure"] = forms.ChoiceField(
-            choices=[(name, f"{name} — {sources.figure_info(name)['label']}") for name in sources.figure_names()],
+            choices=[(name, f"{name} — {(sources.figure_info(name) or {}).get('label', name)}")
+                     for name in sources.figure_names()],
             help_text="a figure of the metrics registry, or one from the fleet",
         )
         rule = self.instance
@@ -74,7 +75,7 @@ class AlertRuleForm(forms.ModelForm):
         self.initial.setdefault("extra_labels", format_pairs(rule.labels))
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        data = super().clean() or {}
         selector: dict[str, Any] = {k: data[k] for k in SELECTOR_FIELDS if data.get(k)}
         try:
             worker_labels = parse_pairs(data.get("worker_labels", ""), "worker_labels")
@@ -90,7 +91,7 @@ class AlertRuleForm(forms.ModelForm):
         for name in self.Meta.fields:
             if name in data:
                 setattr(self.instance, name, data[name])
-        name = data.get("name")
+        name = str(data.get("name") or "")
         if name and AlertRule.objects.exclude(pk=self.instance.pk).filter(name=name).exists():
             self.add_error("name", "another rule has this name.")
         if not self.errors:
@@ -120,7 +121,7 @@ class SilenceForm(forms.Form):
                               help_text="why: a silence without a reason is a mystery at 3 a.m.")
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        data = super().clean() or {}
         lines = [line.strip() for line in data.get("matchers", "").splitlines() if line.strip()]
         parsed = []
         for line in lines:

@@ -311,7 +311,7 @@ class SilenceSerializer(serializers.ModelSerializer):
         errors = validation.silence_errors(matchers, starts_at, ends_at, comment, now, creating=current is None)
         if errors:
             raise serializers.ValidationError(errors)
-        attrs["matchers"] = [coerce_matcher(m).as_api() for m in matchers]
+        attrs["matchers"] = [coerce_matcher(m).as_api() for m in matchers or []]
         attrs["starts_at"] = starts_at
         attrs["updated_at"] = now
         return attrs
@@ -359,8 +359,10 @@ class ReceiverSerializer(serializers.ModelSerializer):
         read_only_fields = ["last_forwarded_at", "created_at"]
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        get = lambda name, default: attrs.get(name, getattr(self.instance, name, default))  # noqa: E731
-        errors = validation.receiver_errors(get("kind", ""), get("url", ""), get("emails", []))
+        def get(name: str, default: Any) -> Any:
+            return attrs.get(name, getattr(self.instance, name, default))
+
+        errors = validation.receiver_errors(str(get("kind", "")), str(get("url", "") or ""), get("emails", []))
         if errors:
             raise serializers.ValidationError(errors)
         return attrs
@@ -385,7 +387,11 @@ class RouteSerializer(serializers.ModelSerializer):
                   "group_interval_seconds", "repeat_interval_seconds", "continue_matching"]
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        get = lambda name: attrs.get(name, getattr(self.instance, name, Route._meta.get_field(name).get_default()))  # noqa: E731
+        defaults = Route()
+
+        def get(name: str) -> Any:
+            return attrs.get(name, getattr(self.instance or defaults, name))
+
         timings = {f: get(f) for f in ("group_wait_seconds", "group_interval_seconds", "repeat_interval_seconds")}
         errors = validation.route_errors(get("matchers"), get("group_by"), timings)
         receiver = attrs.get("receiver", getattr(self.instance, "receiver", None))

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import Any, cast
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection
-from django.db.models import JSONField, Model
+from django.db.models import Field, JSONField, Model
 
 
 def update_rows(rows: Sequence[Model], fields: Sequence[str]) -> int:
@@ -24,7 +25,7 @@ def update_rows(rows: Sequence[Model], fields: Sequence[str]) -> int:
     if connection.vendor != "postgresql":
         return model._default_manager.bulk_update(rows, fields, batch_size=500)  # type: ignore[no-any-return]
     meta = model._meta
-    columns = [meta.pk] + [meta.get_field(name) for name in fields]
+    columns: list[Field[Any, Any]] = [cast(Field, meta.pk)] + [cast(Field, meta.get_field(name)) for name in fields]
     quote = connection.ops.quote_name
     arrays, selects, casts = [], [], []
     for field in columns:
@@ -38,7 +39,7 @@ def update_rows(rows: Sequence[Model], fields: Sequence[str]) -> int:
             arrays.append(values)
             selects.append(f"%s::{field.db_type(connection)}[]")
             casts.append("")
-    names = [quote(f.column) for f in columns]
+    names = [quote(str(f.column)) for f in columns]
     sets = ", ".join(f"{name} = v.{name}{cast}" for name, cast in zip(names[1:], casts[1:], strict=True))
     sql = (
         f"UPDATE {quote(meta.db_table)} AS t SET {sets} "

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -88,7 +88,7 @@ class InboundResult:
     num_acted: int = 0
     num_duplicates: int = 0
     num_ignored: int = 0
-    outcomes: list[dict[str, Any]] | None = None
+    outcomes: list[dict[str, Any]] = field(default_factory=list)
 
 
 class PayloadError(ValueError):
@@ -123,7 +123,7 @@ def receive_webhook(body: Any, actor: Any, now: datetime | None = None) -> Inbou
 
     now = now or timezone.now()
     receiver, group_key, alerts = parse_webhook(body)
-    result = InboundResult(num_alerts=len(alerts), outcomes=[])
+    result = InboundResult(num_alerts=len(alerts))
     for alert in alerts:
         labels = {str(k): str(v) for k, v in alert["labels"].items()}
         wants_abort = labels.get(ACTION_LABEL) == ACTION_ABORT and alert["status"] == "firing"

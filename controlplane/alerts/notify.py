@@ -142,12 +142,13 @@ def _expire_events(now: datetime) -> int:
     """Events past their expiry resolve (each a conditional update)."""
     expired = 0
     for alert in Alert.objects.filter(source=Alert.SOURCE_EVENT, state=State.FIRING, expires_at__lte=now):
+        ended = alert.expires_at or now
         if Alert.objects.filter(pk=alert.pk, state=State.FIRING, expires_at=alert.expires_at).update(
-            state=State.RESOLVED, resolved_at=alert.expires_at, state_changed_at=now
+            state=State.RESOLVED, resolved_at=ended, state_changed_at=now
         ):
             AlertTransition.objects.bulk_create(
                 [AlertTransition(alert=alert, fingerprint=alert.fingerprint, from_state=State.FIRING,
-                                 to_state=State.RESOLVED, reason="event expired", at=alert.expires_at)],
+                                 to_state=State.RESOLVED, reason="event expired", at=ended)],
                 ignore_conflicts=True,
             )
             expired += 1
@@ -314,8 +315,8 @@ def _forward(receivers: Mapping[int, Receiver], alerts: list[Alert], now: dateti
     out = []
     for receiver in forwarders:
         last = receiver.last_forwarded_at
-        changed = last is None or any(a.state_changed_at > last for a in alerts)
-        if not alerts or not (changed or (now - last).total_seconds() >= resend):
+        due = last is None or any(a.state_changed_at > last for a in alerts) or (now - last).total_seconds() >= resend
+        if not alerts or not due:
             continue
         body = [routing.postable(to_out(a), ends_at) for a in alerts]
         delivery = Delivery.objects.create(

@@ -28,6 +28,7 @@ import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from typing import Any
 
 import numpy as np
 from django.db import connection
@@ -156,7 +157,7 @@ class Reader:
             max_gap=np.array(max_gap, dtype=np.float64), e2e=np.array(e2e, dtype=np.float64),
         )
 
-        def by_id(ids: tuple[int | None, ...], model: type) -> tuple[list[str], np.ndarray]:
+        def by_id(ids: tuple[int | None, ...], model: Any) -> tuple[list[str], np.ndarray]:
             numbers = np.array([-1 if i is None else i for i in ids], dtype=np.int64)
             uniques, codes = np.unique(numbers, return_inverse=True)
             named = dict(model.objects.filter(pk__in=[int(u) for u in uniques if u >= 0]).values_list("pk", "name"))

@@ -1,7 +1,7 @@
 """Alerting's Celery tasks: the evaluation cycle, the dispatcher and
 delivery. Beat runs ``alerts.evaluate`` every ALERT_EVAL_INTERVAL and
 ``alerts.dispatch`` every few seconds (group_wait and group_interval are
-honoured to within that). Each may run twice at once without harm (see
+honoured to within that), and ``alerts.purge`` hourly (retention). Each may run twice at once without harm (see
 evaluation and notify); deliveries retry with capped exponential backoff,
 scheduled as a countdown and re-found by the dispatcher if a task is lost."""
 
@@ -59,6 +59,13 @@ def deliver(delivery_id: int) -> dict[str, Any] | None:
     return {"sent": attempt.sent, "error": attempt.error}
 
 
+@app.task(name="alerts.purge")
+def purge() -> dict[str, int]:
+    from controlplane.alerts import retention
+
+    return retention.purge(timezone.now())
+
+
 def enqueue_dispatch() -> None:
     """Wake the dispatcher once the current transaction commits."""
     transaction.on_commit(lambda: dispatch.delay())
@@ -73,3 +80,4 @@ def schedule(sender: Any, **kwargs: Any) -> None:
         conf.dispatch_interval_seconds(), dispatch.s(), name="alert notification dispatch",
         expires=conf.dispatch_interval_seconds(),
     )
+    sender.add_periodic_task(3600.0, purge.s(), name="alert history retention", expires=3600.0)

@@ -177,7 +177,7 @@ def receiver_errors(kind: str, url: str, emails: Any) -> Errors:
     return errors
 
 
-def route_errors(matchers: Any, group_by: Any, timings: Mapping[str, float]) -> Errors:
+def route_errors(matchers: Any, group_by: Any, timings: Mapping[str, Any]) -> Errors:
     errors = matcher_errors(matchers)
     if not isinstance(group_by, list) or not all(isinstance(n, str) for n in group_by):
         _add(errors, "group_by", 'a list of label names, or ["..."] for every label.')

@@ -41,3 +41,20 @@ def test_an_event_may_carry_its_name_and_severity_in_its_labels(db: Any) -> None
     assert alert.labels == {"alertname": "RolloutPaused", "severity": "warning", "rollout": "3",
                             "chunkpilot_event": "true"}
     assert alert.annotations == {"summary": "rollout 3 paused", "description": "inconclusive analysis"}
+
+
+def test_retention_forgets_old_history_but_not_what_is_still_active(db: Any) -> None:
+    from controlplane.alerts import retention
+    from controlplane.alerts.models import Delivery, Receiver
+
+    old = T0 - timedelta(days=40)
+    quiet = notify.notify_event("Old", labels={"x": "1"}, summary="old", now=old, ttl_seconds=1)
+    notify.dispatch(old + timedelta(seconds=5))  # it resolves
+    Alert.objects.filter(pk=quiet.pk).update(state_changed_at=old)
+    firing = notify.notify_event("StillFiring", labels={"x": "2"}, summary="now", now=old, ttl_seconds=10**9)
+    receiver = Receiver.objects.create(name="ops", kind="webhook", url="http://127.0.0.1:9/")
+    Delivery.objects.create(receiver=receiver, payload={}, status=Delivery.SENT, next_attempt_at=old, created_at=old)
+    counts = retention.purge(T0)
+    assert counts["alerts"] == 1 and counts["deliveries"] == 1
+    assert list(Alert.objects.values_list("pk", flat=True)) == [firing.pk]
+    assert not AlertTransition.objects.filter(at__lt=T0 - timedelta(days=30)).exists()

@@ -13,11 +13,11 @@ from rest_framework.test import APIClient
 
 from controlplane.alerts import defaults, killswitch
 from controlplane.alerts.engine import State
-from controlplane.alerts.models import Alert, AlertRule, InboundAlert
+from controlplane.alerts.models import Alert, AlertRule, InboundAlert, Receiver, Route
 from controlplane.gateway.models import RequestLog
 from controlplane.rollouts.evaluator import Phase
 from controlplane.rollouts.models import Rollout
-from tests.controlplane.alerts.support import firing_alert
+from tests.controlplane.alerts.support import firing_alert, http_receiver
 from tests.controlplane.rollouts.factories import Agents, Fleet, kinds, make_fleet, wait_for
 
 
@@ -51,7 +51,10 @@ def test_a_firing_abort_rule_on_the_canary_aborts_the_running_rollout_by_itself(
     AlertRule.objects.update(enabled=False)
     AlertRule.objects.filter(key="canary-ttft-regression").update(enabled=True, for_seconds=0)
     fleet = make_fleet(num_stable=2, num_canary=1, num_baseline=1)
-    with Agents(fleet):
+    with Agents(fleet), http_receiver() as hook:
+        receiver = Receiver.objects.create(name="oncall", kind="webhook", url=hook.url)
+        Route.objects.create(receiver=receiver, group_by=["alertname"], group_wait_seconds=0,
+                             group_interval_seconds=1, repeat_interval_seconds=3600)
         rollout = start(fleet)
         wait_for(lambda: phase_of(rollout) == Phase.PAUSED, timeout=60, what="the canary at 25%, paused")
         # Healthy so far: no canary traffic, which the rule counts as ok. The
@@ -63,6 +66,9 @@ def test_a_firing_abort_rule_on_the_canary_aborts_the_running_rollout_by_itself(
         # The canary turns slow: three times its baseline's TTFT P99.
         log_traffic(fleet, {"canary": 0.9, "baseline": 0.3, "stable": 0.3})
         wait_for(lambda: phase_of(rollout) == Phase.ABORTED, timeout=60, what="the rollout aborted by the alert")
+        # The on-call hears of both, through the Celery dispatcher and delivery.
+        wait_for(lambda: {"CanaryTTFTRegression", "RolloutAborted"} <= {
+            b["groupLabels"].get("alertname") for b in hook.bodies()}, timeout=30, what="both notified")
 
     alert = Alert.objects.get(labels__alertname="CanaryTTFTRegression")
     assert alert.state == State.FIRING

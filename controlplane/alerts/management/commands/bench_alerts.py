@@ -64,7 +64,8 @@ class Command(BaseCommand):
         now = evaluation.tick_of(timezone.now())
         # Data runs to the last cycle's tick, so every cycle sees fresh windows.
         data_end = now + timedelta(seconds=interval * opts["cycles"])
-        metrics = MetricsBench(stdout=self.stdout, stderr=self.stderr)
+        metrics = MetricsBench()
+        metrics.stdout, metrics.stderr = self.stdout, self.stderr
         others = list(AlertRule.objects.filter(enabled=True).exclude(name__startswith=RULE_PREFIX)
                       .values_list("pk", flat=True))
         self.cleanup(metrics)
@@ -119,6 +120,7 @@ class Command(BaseCommand):
         rows = []
         for i, offset in enumerate(offsets):
             w = workers[i % len(workers)]
+            assert w.pool is not None
             cohort = "canary" if w.pool.name.endswith("canary") else "stable"
             ttft = float(rng.lognormal(np.log(0.3 if cohort == "stable" else 0.45), 0.6))
             failed = rng.random() < 0.01
