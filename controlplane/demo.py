@@ -64,6 +64,14 @@ class DemoContext:
     admin_password: str
     enroll_tokens: dict[str, str] = field(default_factory=dict)  # pool → plaintext token
     model_dir: Path | None = None
+    client_key: str = ""  # the gateway key of the load generator
+    gateway_port: int = 8080
+
+    @property
+    def model_name(self) -> str:
+        """What clients ask the gateway for: the workers serve the model
+        under its directory's name."""
+        return self.model_dir.name if self.model_dir is not None else "tiny-model"
 
     @property
     def url(self) -> str:
@@ -91,11 +99,13 @@ def ensure_admin(password: str | None) -> str:
 
 
 @transaction.atomic
-def seed() -> dict[str, str]:
-    """Profiles, pools and one fresh enrollment token per pool. Safe to run
-    on every start: existing rows are kept, tokens of earlier runs revoked."""
+def seed(ctx: DemoContext) -> None:
+    """Profiles, pools, one fresh enrollment token per pool, and the gateway's
+    routing table and client key. Safe to run on every start: existing rows
+    are kept, tokens and keys of earlier runs revoked."""
     from controlplane import audit
     from controlplane.fleet.models import EnrollmentToken, Pool
+    from controlplane.gateway import demo as gateway_demo
     from controlplane.profiles.models import Profile
 
     actor = "system:demo"
@@ -111,12 +121,11 @@ def seed() -> dict[str, str]:
             pool.set_desired_revision(Profile.objects.get(name=profile_name).revisions.get(revision=revision))
             audit.record(actor, "pool.create", pool, None, audit.snapshot(pool))
     EnrollmentToken.objects.filter(name__startswith="demo:").delete()
-    tokens = {}
     for pool in Pool.objects.filter(name__in=DEMO_POOLS):
         token, plaintext = EnrollmentToken.issue(f"demo: {pool.name}", pool=pool)
         audit.record(actor, "enrollment_token.create", token, None, audit.snapshot(token))
-        tokens[pool.name] = plaintext
-    return tokens
+        ctx.enroll_tokens[pool.name] = plaintext
+    ctx.client_key = gateway_demo.seed(ctx.model_name)
 
 
 def worker_server_available() -> bool:
@@ -125,6 +134,8 @@ def worker_server_available() -> bool:
 
 def processes(ctx: DemoContext) -> list[ProcessSpec]:
     """Every process of the demo, in start order. Add new ones here."""
+    from controlplane.gateway import demo as gateway_demo
+
     env = ctx.env()
     specs = [
         ProcessSpec(
@@ -147,6 +158,7 @@ def processes(ctx: DemoContext) -> list[ProcessSpec]:
             env=env,
             ready_text="beat: Starting",
         ),
+        gateway_demo.process_spec(ctx, port=ctx.gateway_port),
     ]
     if ctx.model_dir is not None:
         for name, pool in DEMO_WORKERS:

@@ -46,9 +46,9 @@ def log_in(base: str, password: str) -> httpx.Client:
 
 
 def test_demo_runs_everything_and_ctrl_c_stops_it_cleanly(tmp_path: Path, tiny_model: Path) -> None:
-    port = free_port()
+    port, gateway_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "CHUNKPILOT_TEST_DB", "CELERY_QUEUE", "CHANNELS_PREFIX")}
-    env.update(CHUNKPILOT_DATA_DIR=str(tmp_path), CHUNKPILOT_PORT=str(port), CHUNKPILOT_ADMIN_PASSWORD="demo-secret", PYTHONUNBUFFERED="1")
+    env.update(CHUNKPILOT_DATA_DIR=str(tmp_path), CHUNKPILOT_PORT=str(port), CHUNKPILOT_GATEWAY_PORT=str(gateway_port), CHUNKPILOT_ADMIN_PASSWORD="demo-secret", PYTHONUNBUFFERED="1")
     demo = Process([PYTHON, "manage.py", "demo", "--model", str(tiny_model)], env=env, log_path=tmp_path / "demo.out")
     try:
         demo.wait_for_output("Chunkpilot is running.", timeout=240)
@@ -67,6 +67,15 @@ def test_demo_runs_everything_and_ctrl_c_stops_it_cleanly(tmp_path: Path, tiny_m
             assert rows.count(">in step<") == 3, "each worker runs its pool's revision"
         finally:
             browser.close()
+        key = demo.output().split(" key ", 1)[1].split(")", 1)[0]
+        completion = httpx.post(
+            f"http://127.0.0.1:{gateway_port}/v1/chat/completions",
+            json={"model": tiny_model.name, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4},
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=60,
+        )
+        assert completion.status_code == 200, completion.text
+        assert completion.json()["choices"][0]["message"]["content"] is not None
         assert embedded.socket_path(tmp_path).exists()
         assert len(processes_using(tmp_path)) >= 7  # demo, web, celery ×2+, beat, 3 workers, redis
 

@@ -19,6 +19,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from controlplane import demo, embedded
+from controlplane.gateway import demo as gateway_demo
 from controlplane.launcher import LaunchError, Supervisor
 
 
@@ -28,6 +29,9 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--host", default=os.environ.get("CHUNKPILOT_HOST", "127.0.0.1"))
         parser.add_argument("--port", type=int, default=int(os.environ.get("CHUNKPILOT_PORT", "8000")))
+        parser.add_argument(
+            "--gateway-port", type=int, default=int(os.environ.get("CHUNKPILOT_GATEWAY_PORT", gateway_demo.GATEWAY_PORT))
+        )
         parser.add_argument("--no-workers", action="store_true", help="control plane only")
         parser.add_argument("--model", type=Path, help="the workers' checkpoint (default: the tiny model, built on first use)")
 
@@ -37,8 +41,10 @@ class Command(BaseCommand):
         say("Migrating the database…")
         call_command("migrate", interactive=False, verbosity=0)
         password = demo.ensure_admin(os.environ.get("CHUNKPILOT_ADMIN_PASSWORD"))
-        ctx = demo.DemoContext(host=options["host"], port=options["port"], data_dir=data_dir, admin_password=password)
-        ctx.enroll_tokens = demo.seed()
+        ctx = demo.DemoContext(
+            host=options["host"], port=options["port"], data_dir=data_dir, admin_password=password,
+            gateway_port=options["gateway_port"],
+        )
 
         if options["no_workers"]:
             pass
@@ -49,6 +55,7 @@ class Command(BaseCommand):
             if not options["model"]:
                 say(f"Building the tiny model in {ctx.model_dir} (once; about a minute)…")
                 subprocess.run([demo.PYTHON, "-m", "workers", "make-tiny-model", str(ctx.model_dir)], check=True)
+        demo.seed(ctx)
 
         supervisor = Supervisor(data_dir / "demo" / "logs")
         supervisor.install_signal_handlers()
@@ -77,6 +84,8 @@ class Command(BaseCommand):
             "Chunkpilot is running.",
             f"  Web UI:    {ctx.url}/",
             f"  API docs:  {ctx.url}/api/docs/",
+            f"  Gateway:   http://{ctx.host}:{ctx.gateway_port}/v1 (OpenAI API, model {ctx.model_name},"
+            f" key {ctx.client_key})",
             f"  Login:     {demo.ADMIN_USERNAME} / {ctx.admin_password}",
             f"  Logs:      {log_dir}",
             "  Ctrl-C stops everything.",
