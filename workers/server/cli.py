@@ -92,14 +92,13 @@ def main(args: argparse.Namespace) -> int:
         print(f"error: {args.model} is not a checkpoint directory (no config.json).", file=sys.stderr)
         return 2
     backend = engines.backend(args.engine)
-    device = engines.resolve_device(args.device)
     max_model_len = _checkpoint_max_len(args.model, args.max_model_len)
     try:
-        profile = (
-            load_profile(args.profile, engine_kind=args.engine, max_model_len=max_model_len)
-            if args.profile
-            else backend.default_profile(device)
-        )
+        # The contract's rules first: a knob the engine lacks is refused
+        # before torch (let alone vLLM) is imported.
+        given = load_profile(args.profile, engine_kind=args.engine, max_model_len=max_model_len) if args.profile else None
+        device = engines.resolve_device(args.device)
+        profile = given or backend.default_profile(device)
         engines.validate(spec, profile, max_model_len)
     except ProfileError as exc:
         print(f"error: the profile cannot run on the {args.engine} engine: {exc}", file=sys.stderr)
