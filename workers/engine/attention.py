@@ -5,10 +5,12 @@ request runs a single query token (decodes, and one-token prefill chunks),
 then each prefill chunk's rows. Every layer first writes the step's new keys
 and values into the paged cache (``slot_mapping``), then attends:
 
-* Single-token rows, in groups of similar context length: gather each
-  group's blocks into one padded tensor and run one SDPA call, the query
-  heads of a KV head stacked as a group's query rows (grouped-query
-  attention without copying keys per query head).
+* Single-token rows: on CPU in float32, one call of a kernel that reads
+  each request's blocks where they lie (``cpu_kernels.py``). Otherwise, in
+  groups of similar context length: gather each group's blocks into one
+  padded tensor and run one SDPA call, the query heads of a KV head stacked
+  as a group's query rows (grouped-query attention without copying keys
+  per query head).
 * A prefill chunk at global positions ``[start, start + n)``: on CPU, two
   flash-attention calls merged by their log-sum-exp — the chunk against
   itself (causal) and the chunk against the cached prefix ``[0, start)``
@@ -24,8 +26,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+
+from workers.engine import cpu_kernels
 
 _flash_cpu = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
@@ -47,6 +52,35 @@ class PrefillChunk:
     prefix_blocks: torch.Tensor | None  # blocks holding positions [0, start); None when start == 0
 
 
+class Workspace:
+    """Reusable scratch tensors: gathers of many megabytes would otherwise be
+    fresh allocations, paged in anew at every layer of every step."""
+
+    def __init__(self, device: torch.device, dtype: torch.dtype):
+        self.device = device
+        self.dtype = dtype
+        self.buffers: dict[str, torch.Tensor] = {}
+
+    def take(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        numel = 1
+        for n in shape:
+            numel *= n
+        buf = self.buffers.get(name)
+        if buf is None or buf.numel() < numel:
+            buf = torch.empty(max(numel, 1 << 16), dtype=self.dtype, device=self.device)
+            self.buffers[name] = buf
+        return buf[:numel].view(shape)
+
+
+@dataclass
+class KernelDecode:
+    """Single-token rows [0, num_rows) for the in-place CPU kernel."""
+
+    num_rows: int
+    block_tables: np.ndarray  # [num_rows, max_blocks] int64, padded with 0
+    context_lens: np.ndarray  # [num_rows] int64
+
+
 @dataclass
 class AttentionContext:
     slot_mapping: torch.Tensor  # [num_tokens] int64 flat cache slot of each token
@@ -54,8 +88,10 @@ class AttentionContext:
     sin: torch.Tensor
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]]  # per layer: [num_blocks, block_size, kv_heads, head_dim]
     decode_groups: list[DecodeGroup] = field(default_factory=list)
+    kernel_decode: KernelDecode | None = None
     prefills: list[PrefillChunk] = field(default_factory=list)
     use_cpu_flash: bool = True
+    workspace: Workspace | None = None
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -78,16 +114,19 @@ def paged_attention(
     k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, ctx.slot_mapping, k)
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, ctx.slot_mapping, v)
 
-    if len(ctx.decode_groups) + len(ctx.prefills) == 1 and not ctx.decode_groups:
-        only = ctx.prefills[0]
-        return _prefill(q, k, v, k_cache, v_cache, only, group, ctx.use_cpu_flash)
+    ws = ctx.workspace
+    if len(ctx.prefills) == 1 and not ctx.decode_groups and ctx.kernel_decode is None:
+        return _prefill(q, k, v, k_cache, v_cache, ctx.prefills[0], group, ctx.use_cpu_flash, ws)
 
     out = q.new_empty(num_tokens, num_heads, head_dim)
+    kd = ctx.kernel_decode
+    if kd is not None:
+        out[: kd.num_rows] = cpu_kernels.decode_attention(q[: kd.num_rows], k_cache, v_cache, kd.block_tables, kd.context_lens)
     for g in ctx.decode_groups:
         n = g.row_end - g.row_start
         capacity = g.block_tables.shape[1] * block_size
-        kk = k_cache[g.block_tables].view(n, capacity, num_kv_heads, head_dim)
-        vv = v_cache[g.block_tables].view(n, capacity, num_kv_heads, head_dim)
+        kk = _gather(k_cache, g.block_tables.view(-1), ws, "decode_k").view(n, capacity, num_kv_heads, head_dim)
+        vv = _gather(v_cache, g.block_tables.view(-1), ws, "decode_v").view(n, capacity, num_kv_heads, head_dim)
         if g.mask is None:
             kk = kk[:, : g.context_len]
             vv = vv[:, : g.context_len]
@@ -95,8 +134,17 @@ def paged_attention(
         o = F.scaled_dot_product_attention(qq, kk.transpose(1, 2), vv.transpose(1, 2), attn_mask=g.mask)
         out[g.row_start : g.row_end] = o.reshape(n, num_heads, head_dim)
     for p in ctx.prefills:
-        out[p.row_start : p.row_end] = _prefill(q, k, v, k_cache, v_cache, p, group, ctx.use_cpu_flash)
+        out[p.row_start : p.row_end] = _prefill(q, k, v, k_cache, v_cache, p, group, ctx.use_cpu_flash, ws)
     return out
+
+
+def _gather(cache: torch.Tensor, blocks: torch.Tensor, ws: Workspace | None, name: str) -> torch.Tensor:
+    """The blocks' rows of ``cache`` [blocks, block_size, KVH, D], copied out contiguously."""
+    flat = cache.view(cache.shape[0], -1)
+    if ws is None:
+        return torch.index_select(flat, 0, blocks)
+    out = ws.take(name, (blocks.shape[0], flat.shape[1]))
+    return torch.index_select(flat, 0, blocks, out=out)
 
 
 def _prefill(
@@ -108,6 +156,7 @@ def _prefill(
     p: PrefillChunk,
     group: int,
     use_cpu_flash: bool,
+    ws: Workspace | None,
 ) -> torch.Tensor:
     n = p.row_end - p.row_start
     num_heads, head_dim = q.shape[1], q.shape[2]
@@ -122,8 +171,8 @@ def _prefill(
         )
         return o[0].transpose(0, 1)
     assert p.prefix_blocks is not None
-    kp = k_cache[p.prefix_blocks].view(-1, num_kv_heads, head_dim)[: p.start]
-    vp = v_cache[p.prefix_blocks].view(-1, num_kv_heads, head_dim)[: p.start]
+    kp = _gather(k_cache, p.prefix_blocks, ws, "prefix_k").view(-1, num_kv_heads, head_dim)[: p.start]
+    vp = _gather(v_cache, p.prefix_blocks, ws, "prefix_v").view(-1, num_kv_heads, head_dim)[: p.start]
 
     if not use_cpu_flash or _flash_cpu is None or q.device.type != "cpu":
         keys = torch.cat((kp, kc)).transpose(0, 1)[None]

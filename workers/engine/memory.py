@@ -19,13 +19,15 @@ On CPU nothing tracks tensors, so memory is accounted from shapes:
                     + T·(H + KVH)·D                            rotated q and k
                     + T·H·D                                    attention output
                     + 2·G_kv·KVH·D + G_mask                    K and V rows gathered from blocks, masks
+                                                               (or the decode kernel's scores)
                     + 4·P·H·D                                  per prefill chunk: its keys per head,
                                                                two partial outputs and their merge
     MLP phase       = T·2·I + T·I + T·hidden                   gate|up, activation, down projection
 
 with T the step's tokens, H/KVH/D the query heads, KV heads and head size,
 I the MLP width, G_kv the key rows gathered for attention (padded decode
-groups and cached prefixes), G_mask their additive mask entries, and P the
+groups and cached prefixes), G_mask their additive mask entries (for the
+CPU decode kernel, which gathers nothing: one score per query head and key), and P the
 prefill tokens. Layers run one after another, so one layer's tensors are
 the peak, not a sum over layers.
 """

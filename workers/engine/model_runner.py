@@ -13,7 +13,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from workers.engine.attention import AttentionContext, DecodeGroup, PrefillChunk
+from workers.engine import cpu_kernels
+from workers.engine.attention import (
+    AttentionContext,
+    DecodeGroup,
+    KernelDecode,
+    PrefillChunk,
+    Workspace,
+)
 from workers.engine.config import ModelConfig
 from workers.engine.memory import StepShape
 from workers.engine.model import LlamaForCausalLM
@@ -42,6 +49,12 @@ class ModelRunner:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.use_cpu_flash = use_cpu_flash and device.type == "cpu"
+        # Decode rows read the block pool in place on CPU (float32 only: numba has no bfloat16).
+        self.use_decode_kernel = device.type == "cpu" and dtype == torch.float32 and cpu_kernels.available()
+        if self.use_decode_kernel:
+            cpu_kernels.set_threads(torch.get_num_threads())
+            cpu_kernels.warm_up()
+        self.workspace = Workspace(device, dtype)
         shape = (config.num_hidden_layers, 2, num_blocks, block_size, config.num_key_value_heads, config.head_dim)
         # torch.empty: on CPU the pages of blocks never written are never touched.
         self.kv_cache = torch.empty(shape, dtype=dtype, device=device)
@@ -76,7 +89,12 @@ class ModelRunner:
         pos_parts = [np.asarray(positions, dtype=np.int64)]
         slot_parts = [np.asarray(slots, dtype=np.int64)]
 
-        decode_groups = self._decode_groups(singles, shape)
+        kernel_decode = None
+        decode_groups: list[DecodeGroup] = []
+        if singles and self.use_decode_kernel:
+            kernel_decode = self._kernel_decode(singles, shape)
+        else:
+            decode_groups = self._decode_groups(singles, shape)
         prefills: list[PrefillChunk] = []
         row = len(singles)
         for c in multis:
@@ -106,8 +124,10 @@ class ModelRunner:
             sin=sin,
             kv_caches=self.kv_caches,
             decode_groups=decode_groups,
+            kernel_decode=kernel_decode,
             prefills=prefills,
             use_cpu_flash=self.use_cpu_flash,
+            workspace=self.workspace,
         )
         hidden = self.model(torch.tensor(ids, dtype=torch.long, device=device), ctx)
         if not all_logits and len(sample_rows) != hidden.shape[0]:
@@ -116,6 +136,17 @@ class ModelRunner:
         shape.num_tokens = len(ids)
         shape.num_sampled = len(sample_rows)
         return logits, sampled, shape
+
+    def _kernel_decode(self, singles: list[ScheduledChunk], shape: StepShape) -> KernelDecode:
+        bs = self.block_size
+        lens = np.fromiter((c.start + 1 for c in singles), dtype=np.int64, count=len(singles))
+        table = np.zeros((len(singles), -(-int(lens[-1]) // bs)), dtype=np.int64)  # sorted: the last is longest
+        for r, c in enumerate(singles):
+            nb = -(-(c.start + 1) // bs)
+            table[r, :nb] = c.seq.block_table[:nb]
+        # the kernel's transient: one score per query head and key
+        shape.num_mask_entries += self.config.num_attention_heads * int(lens.sum())
+        return KernelDecode(len(singles), table, lens)
 
     def _decode_groups(self, singles: list[ScheduledChunk], shape: StepShape) -> list[DecodeGroup]:
         """Cut the one-token rows (sorted by context) into groups padded to their longest."""

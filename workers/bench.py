@@ -1,0 +1,454 @@
+"""``python -m workers bench``: what chunked prefill does, measured.
+
+A benchmark, not a test: it prints figures and ratios, it asserts nothing.
+Three scenarios, all in this one process, on the same checkpoint:
+
+1. mixed — a seeded long-tailed workload replayed in real time: Poisson
+   arrivals, most prompts a few hundred tokens, about one in ten of many
+   thousands, outputs of tens to hundreds of tokens (greedy, EOS ignored so
+   every run does the same work). Run monolithic and chunked at several
+   budgets. Head-of-line blocking is judged by stalls: each short request's
+   largest gap between two tokens, at P99 over requests, and the gaps that
+   overlap a long prompt's prefill.
+2. long-alone — one long prompt and nothing else, to show what chunking
+   costs: time to first token, chunked over monolithic.
+3. offline — a batch of requests all at once: engine throughput, the figure
+   to compare with vLLM.
+
+When vLLM is importable, the same workloads run through vLLM's V1 engine in
+this process (multiprocessing off, eager, explicit KV size) after ours, and
+the ratios are printed. Timestamps come from this harness for both engines
+(a token's time is when its step returned); block-level figures (memory,
+fragmentation, prefill wait) come from our engine's own records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import random
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from workers import figures
+from workers.engine_api import RequestMetrics, StepMetrics
+
+DEFAULT_MODEL = Path("var/tiny-model")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="checkpoint dir (default: the tiny model, built if missing)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--duration", type=float, default=25.0, help="seconds of arrivals in the mixed workload (default 25)")
+    parser.add_argument("--rate", type=float, default=2.0, help="mean arrivals per second (default 2)")
+    parser.add_argument("--long-fraction", type=float, default=0.1, help="share of long prompts (default 0.1)")
+    parser.add_argument("--long-tokens", type=str, default="4000-12000", help="long prompt length range (default 4000-12000)")
+    parser.add_argument("--budgets", type=str, default="256,512,1024", help="chunked budgets to run (default 256,512,1024)")
+    parser.add_argument("--long-prompt", type=int, default=8192, help="length of the long-alone prompt (default 8192)")
+    parser.add_argument("--repeats", type=int, default=2, help="long-alone repeats; the best counts (default 2)")
+    parser.add_argument("--offline-requests", type=int, default=48, help="requests in the offline batch (default 48)")
+    parser.add_argument("--block-size", type=int, default=32, help="KV block size for both engines (vLLM's CPU needs ×32)")
+    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--max-model-len", type=int, default=16384)
+    parser.add_argument("--slo-ttft", type=float, default=2.0, help="goodput TTFT objective, seconds (default 2)")
+    parser.add_argument("--slo-tpot", type=float, default=0.1, help="goodput TPOT objective, seconds (default 0.1)")
+    parser.add_argument("--vllm", choices=("auto", "on", "off"), default="auto", help="also run vLLM (auto: when importable)")
+    parser.add_argument("--vllm-budgets", type=str, default="512", help="chunked budgets for vLLM's mixed run (default 512)")
+    parser.add_argument("--scenarios", type=str, default="mixed,long-alone,offline")
+    parser.add_argument("--quick", action="store_true", help="a short smoke run: 8 s of arrivals, smaller prompts")
+    parser.add_argument("--json", type=str, default=None, metavar="PATH", help="also write every figure as JSON ('-': stdout)")
+
+
+# ---- workload --------------------------------------------------------------------
+@dataclass(frozen=True)
+class Request:
+    request_id: str
+    offset_seconds: float  # arrival, from the start of the replay
+    prompt_token_ids: list[int]
+    max_tokens: int
+
+    @property
+    def is_long(self) -> bool:
+        return len(self.prompt_token_ids) > 2048
+
+
+def mixed_workload(
+    seed: int, duration: float, rate: float, long_fraction: float, long_range: tuple[int, int], vocab: int, bos: int
+) -> list[Request]:
+    """Poisson arrivals; lognormal short prompts (~300 tokens) and outputs
+    (~80 tokens); a ``long_fraction`` of long prompts, at least two."""
+    rng = random.Random(seed)
+    arrivals = []
+    t = 0.0
+    while True:
+        t += rng.expovariate(rate)
+        if t >= duration:
+            break
+        arrivals.append(t)
+    longs = {i for i in range(len(arrivals)) if rng.random() < long_fraction}
+    for share in (0.25, 0.6):  # the figures need long prompts to be there
+        if len(longs) < 2 and arrivals:
+            longs.add(int(share * len(arrivals)))
+    out = []
+    for i, at in enumerate(arrivals):
+        if i in longs:
+            n = rng.randint(*long_range)
+        else:
+            n = min(1500, max(32, int(rng.lognormvariate(math.log(300), 0.6))))
+        max_tokens = min(400, max(16, int(rng.lognormvariate(math.log(80), 0.7))))
+        ids = [bos] + [rng.randrange(3, vocab) for _ in range(n - 1)]
+        out.append(Request(f"m{i}", at, ids, max_tokens))
+    return out
+
+
+# ---- engines behind one small interface -----------------------------------------
+class Adapter:
+    label: str
+    steps: list[StepMetrics]
+    engine_metrics: dict[str, RequestMetrics]
+
+    def add(self, r: Request, arrival: float) -> None: ...
+    def step(self) -> list[tuple[str, int, bool]]: ...  # (request id, new tokens, finished)
+    def has_work(self) -> bool: ...
+    def close(self) -> None: ...
+
+
+class ReferenceAdapter(Adapter):
+    def __init__(self, label: str, model: Path, profile: dict[str, Any], max_model_len: int):
+        from workers.engine import LLMEngine
+
+        self.label = label
+        self.engine = LLMEngine(model, max_model_len=max_model_len, **profile)
+        self.steps = []
+        self.engine_metrics = {}
+        self.engine.add_observer(self)
+
+    def on_step(self, step: StepMetrics) -> None:
+        self.steps.append(step)
+
+    def on_request_finished(self, request_id: str, metrics: RequestMetrics, finish_reason: str) -> None:
+        self.engine_metrics[request_id] = metrics
+
+    def add(self, r: Request, arrival: float) -> None:
+        from workers.engine.sequence import OutputKind
+        from workers.engine_api import SamplingParams
+
+        params = SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=True)
+        self.engine.add_request(r.request_id, r.prompt_token_ids, params, arrival_time=arrival, output_kind=OutputKind.DELTA)
+
+    def step(self) -> list[tuple[str, int, bool]]:
+        return [(o.request_id, len(o.outputs[0].token_ids), o.finished) for o in self.engine.step()]
+
+    def has_work(self) -> bool:
+        return self.engine.has_unfinished_requests()
+
+    def close(self) -> None:
+        del self.engine
+        gc.collect()
+
+
+class VLLMAdapter(Adapter):
+    def __init__(self, label: str, model: Path, profile: dict[str, Any], max_model_len: int, kv_cache_bytes: int):
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        self.label = label
+        chunked = profile.get("prefill_mode", "chunked") == "chunked"
+        kwargs: dict[str, Any] = dict(
+            model=str(model), tokenizer=str(model), dtype="float32", seed=0, enforce_eager=True,
+            max_model_len=max_model_len, enable_chunked_prefill=chunked,
+            max_num_batched_tokens=profile["max_num_batched_tokens"], max_num_seqs=profile["max_num_seqs"],
+            block_size=profile["block_size"], kv_cache_memory_bytes=kv_cache_bytes, disable_log_stats=True,
+        )
+        self.engine = LLMEngine.from_engine_args(EngineArgs(**kwargs), enable_multiprocessing=False)
+        self.steps = []
+        self.engine_metrics = {}
+        self.ids: dict[str, str] = {}
+
+    def add(self, r: Request, arrival: float) -> None:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
+        internal = self.engine.add_request(r.request_id, {"prompt_token_ids": r.prompt_token_ids}, params)
+        self.ids[str(internal) if internal is not None else r.request_id] = r.request_id
+
+    def step(self) -> list[tuple[str, int, bool]]:
+        return [(self.ids.get(o.request_id, o.request_id), len(o.outputs[0].token_ids), o.finished) for o in self.engine.step()]
+
+    def has_work(self) -> bool:
+        return bool(self.engine.has_unfinished_requests())
+
+    def close(self) -> None:
+        self.engine.engine_core.shutdown()
+        del self.engine
+        gc.collect()
+
+
+def vllm_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def prepare_vllm_environment() -> None:
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    for key in ("VLLM_NO_USAGE_STATS", "DO_NOT_TRACK", "HF_HUB_OFFLINE"):
+        os.environ.setdefault(key, "1")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+
+# ---- replay ------------------------------------------------------------------------
+def replay(adapter: Adapter, workload: list[Request]) -> tuple[list[RequestMetrics], float]:
+    """Feed ``workload`` at its arrival times, step until drained; harness-side token times."""
+    pending = deque(sorted(workload, key=lambda r: r.offset_seconds))
+    records: dict[str, RequestMetrics] = {}
+    start = time.monotonic() + 0.01
+    while pending or adapter.has_work():
+        now = time.monotonic()
+        while pending and start + pending[0].offset_seconds <= now:
+            r = pending.popleft()
+            arrival = start + r.offset_seconds
+            records[r.request_id] = RequestMetrics(arrival_time=arrival, num_prompt_tokens=len(r.prompt_token_ids))
+            adapter.add(r, arrival)
+        if not adapter.has_work():
+            if pending:
+                time.sleep(max(0.0, min(0.05, start + pending[0].offset_seconds - time.monotonic())))
+            continue
+        outputs = adapter.step()
+        done_at = time.monotonic()
+        for request_id, num_new, finished in outputs:
+            m = records[request_id]
+            if num_new:
+                if m.first_token_time is None:
+                    m.first_token_time = done_at
+                m.token_times.extend([done_at] * num_new)
+                m.num_output_tokens += num_new
+            if finished:
+                m.finished_time = done_at
+    end = max((m.finished_time or start) for m in records.values()) if records else start
+    for request_id, m in records.items():  # what only the engine knows
+        own = adapter.engine_metrics.get(request_id)
+        if own is not None:
+            m.first_scheduled_time = own.first_scheduled_time
+            m.num_cached_tokens = own.num_cached_tokens
+            m.num_preemptions = own.num_preemptions
+            m.prefill_chunk_waits = own.prefill_chunk_waits
+    return list(records.values()), end - start
+
+
+def mixed_figures(requests: list[RequestMetrics], steps: list[StepMetrics], duration: float, slo: figures.SLO) -> dict[str, Any]:
+    out: dict[str, Any] = figures.summarize(requests, steps, duration, slo)
+    short = [m for m in requests if m.num_prompt_tokens <= 2048]
+    out["stall_p99_short_seconds"] = figures.stalls_seconds(short, 99)
+    during = figures.gaps_overlapping(short, figures.prefill_intervals(requests, 2049))
+    out["gap_during_long_prefill_p50_seconds"] = figures.percentile(during, 50)
+    out["gap_during_long_prefill_p99_seconds"] = figures.percentile(during, 99)
+    out["gap_during_long_prefill_max_seconds"] = figures.percentile(during, 100)
+    out["gaps_during_long_prefill"] = float(len(during))
+    if not steps:  # vLLM: no block-level records here
+        for key in ("memory_peak_bytes", "memory_mean_bytes", "memory_peak_over_mean", "kv_fragmentation_mean", "kv_fragmentation_max"):
+            out[key] = None
+    return out
+
+
+def long_alone(make: Callable[[], Adapter], length: int, repeats: int, vocab: int, bos: int, seed: int) -> float:
+    """Best time from arrival to first token of one prompt of ``length`` alone."""
+    adapter = make()
+    rng = random.Random(seed)
+    warm = Request("warm", 0.0, [bos] + [rng.randrange(3, vocab) for _ in range(63)], 2)
+    replay(adapter, [warm])
+    best = math.inf
+    for i in range(repeats):
+        ids = [bos] + [rng.randrange(3, vocab) for _ in range(length - 1)]  # fresh tokens: no prefix hits
+        records, _ = replay(adapter, [Request(f"long{i}", 0.0, ids, 1)])
+        best = min(best, records[0].first_token_time - records[0].arrival_time)  # type: ignore[operator]
+    adapter.close()
+    return best
+
+
+def offline(make: Callable[[], Adapter], num_requests: int, vocab: int, bos: int, seed: int) -> dict[str, float]:
+    adapter = make()
+    rng = random.Random(seed)
+    replay(adapter, [Request("warm", 0.0, [bos, 5, 6, 7], 4)])
+    work = [
+        Request(f"o{i}", 0.0, [bos] + [rng.randrange(3, vocab) for _ in range(rng.randint(128, 384))], rng.randint(64, 192))
+        for i in range(num_requests)
+    ]
+    records, duration = replay(adapter, work)
+    adapter.close()
+    tokens = sum(m.num_output_tokens for m in records)
+    return {"output_tokens": float(tokens), "seconds": duration, "output_throughput_tps": tokens / duration}
+
+
+# ---- output --------------------------------------------------------------------------
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1000:.0f}"
+
+
+def _num(v: float | None, fmt: str = "{:.2f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def print_mixed(results: dict[str, dict[str, Any]], slo: figures.SLO) -> None:
+    head = (
+        f"{'config':<22}{'TTFT p50/p99 ms':>17}{'ITL p50/p99 ms':>16}{'stall p99':>10}{'gap@long p99':>13}"
+        f"{'TPOT p50':>9}{'tok/s':>7}{'goodput':>8}{'mem pk/mean':>12}{'frag':>6}{'pf-wait mean/p99':>17}{'preempt':>8}"
+    )
+    print(head)
+    print("-" * len(head))
+    for label, f in results.items():
+        print(
+            f"{label:<22}"
+            f"{_ms(f['ttft_p50_seconds']) + '/' + _ms(f['ttft_p99_seconds']):>17}"
+            f"{_ms(f['itl_p50_seconds']) + '/' + _ms(f['itl_p99_seconds']):>16}"
+            f"{_ms(f['stall_p99_short_seconds']):>10}"
+            f"{_ms(f['gap_during_long_prefill_p99_seconds']):>13}"
+            f"{_ms(f['tpot_p50_seconds']):>9}"
+            f"{_num(f['output_throughput_tps'], '{:.0f}'):>7}"
+            f"{_num(f['goodput_rps']):>8}"
+            f"{_num(f['memory_peak_over_mean']):>12}"
+            f"{_num(f['kv_fragmentation_mean']):>6}"
+            f"{_ms(f['prefill_wait_mean_seconds']) + '/' + _ms(f['prefill_wait_p99_seconds']):>17}"
+            f"{_num(f['preemptions'], '{:.0f}'):>8}"
+        )
+    print(f"(ms unless noted; stall = P99 over short requests of each one's largest gap; goodput = req/s with "
+          f"TTFT <= {slo.ttft_seconds}s and TPOT <= {slo.tpot_seconds}s; mem = peak / time-weighted mean)")
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.quick:
+        args.duration, args.long_tokens, args.long_prompt = 8.0, "2500-4000", 4096
+        args.offline_requests, args.repeats = 16, 1
+    scenarios = set(args.scenarios.split(","))
+    from workers.engine.tiny import ensure_tiny_model
+
+    if args.model == DEFAULT_MODEL:
+        ensure_tiny_model(args.model)
+    from workers.engine.config import ModelConfig
+
+    config = ModelConfig.from_pretrained(args.model)
+    vocab, bos = config.vocab_size, config.bos_token_id or 0
+    max_len = min(args.max_model_len, config.max_position_embeddings)
+    lo, hi = (int(x) for x in args.long_tokens.split("-"))
+    hi = min(hi, max_len - 450)
+    budgets = [int(b) for b in args.budgets.split(",") if b]
+    slo = figures.SLO(args.slo_ttft, args.slo_tpot)
+    use_vllm = args.vllm == "on" or (args.vllm == "auto" and vllm_available())
+    kv_bytes = 1 << 30
+    base = dict(block_size=args.block_size, max_num_seqs=args.max_num_seqs, kv_cache_bytes=kv_bytes)
+    configs: dict[str, dict[str, Any]] = {"monolithic": dict(base, prefill_mode="monolithic", max_num_batched_tokens=max_len)}
+    for b in budgets:
+        configs[f"chunked-{b}"] = dict(base, prefill_mode="chunked", max_num_batched_tokens=b)
+    report: dict[str, Any] = {
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"},
+        "slo": {"ttft_seconds": slo.ttft_seconds, "tpot_seconds": slo.tpot_seconds},
+    }
+
+    def ours(label: str, profile: dict[str, Any]) -> Callable[[], Adapter]:
+        return lambda: ReferenceAdapter(label, args.model, profile, max_len)
+
+    def theirs(label: str, profile: dict[str, Any]) -> Callable[[], Adapter]:
+        return lambda: VLLMAdapter(label, args.model, profile, max_len, kv_bytes)
+
+    vllm_configs = {}
+    if use_vllm:
+        vllm_configs["vllm monolithic"] = configs["monolithic"]
+        for b in (int(x) for x in args.vllm_budgets.split(",") if x):
+            vllm_configs[f"vllm chunked-{b}"] = dict(base, prefill_mode="chunked", max_num_batched_tokens=b)
+
+    print(f"model {args.model} ({config.num_hidden_layers} layers, hidden {config.hidden_size}), seed {args.seed}, "
+          f"torch threads {__import__('torch').get_num_threads()}, block size {args.block_size}", flush=True)
+
+    if "mixed" in scenarios:
+        workload = mixed_workload(args.seed, args.duration, args.rate, args.long_fraction, (lo, hi), vocab, bos)
+        n_long = sum(r.is_long for r in workload)
+        print(f"\n== mixed: {len(workload)} requests over {args.duration:.0f}s ({n_long} long, "
+              f"{sum(len(r.prompt_token_ids) for r in workload)} prompt tokens), replayed in real time ==", flush=True)
+        results: dict[str, dict[str, Any]] = {}
+        runs = [(label, ours(label, p)) for label, p in configs.items()]
+        runs += [(label, theirs(label, p)) for label, p in vllm_configs.items()]
+        for label, make in runs:
+            if label.startswith("vllm"):
+                prepare_vllm_environment()
+            adapter = make()
+            replay(adapter, [Request("warm", 0.0, [bos, 5, 6, 7], 4)])
+            adapter.steps.clear()
+            requests, duration = replay(adapter, workload)
+            adapter.close()
+            results[label] = mixed_figures(requests, adapter.steps, duration, slo)
+            print(f"  {label}: done in {duration:.1f}s", file=sys.stderr, flush=True)
+        print_mixed(results, slo)
+        report["mixed"] = results
+        ratios: dict[str, float | None] = {}
+        mono = results["monolithic"]
+        for label, f in results.items():
+            if label.startswith("chunked"):
+                ratios[f"stall_reduction_{label}"] = _ratio(mono["stall_p99_short_seconds"], f["stall_p99_short_seconds"])
+                ratios[f"gap_during_long_reduction_{label}"] = _ratio(mono["gap_during_long_prefill_p99_seconds"], f["gap_during_long_prefill_p99_seconds"])
+                ratios[f"throughput_ratio_{label}"] = _ratio(f["output_throughput_tps"], mono["output_throughput_tps"])
+        if "vllm monolithic" in results:
+            vm = results["vllm monolithic"]
+            for label, f in results.items():
+                if label.startswith("vllm chunked"):
+                    ratios[f"stall_reduction_{label}"] = _ratio(vm["stall_p99_short_seconds"], f["stall_p99_short_seconds"])
+                    ours_label = label.removeprefix("vllm ")
+                    if ours_label in results:
+                        ratios[f"throughput_ours_over_vllm_{ours_label}"] = _ratio(results[ours_label]["output_throughput_tps"], f["output_throughput_tps"])
+            ratios["throughput_ours_over_vllm_monolithic"] = _ratio(mono["output_throughput_tps"], vm["output_throughput_tps"])
+        report["mixed_ratios"] = ratios
+        print()
+        for key, value in ratios.items():
+            print(f"  {key:<48} {_num(value)}")
+
+    if "long-alone" in scenarios:
+        n = min(args.long_prompt, max_len - 2)
+        print(f"\n== long-alone: one {n}-token prompt, time to first token (best of {args.repeats}) ==", flush=True)
+        alone: dict[str, float] = {}
+        for label, p in configs.items():
+            alone[label] = long_alone(ours(label, p), n, args.repeats, vocab, bos, args.seed)
+        for label, p in vllm_configs.items():
+            prepare_vllm_environment()
+            alone[label] = long_alone(theirs(label, p), n, args.repeats, vocab, bos, args.seed)
+        for label, seconds in alone.items():
+            base_label = "vllm monolithic" if label.startswith("vllm") else "monolithic"
+            print(f"  {label:<22} {seconds:7.3f}s   ×{_num(_ratio(seconds, alone[base_label]))} of {base_label}")
+        report["long_alone_seconds"] = alone
+
+    if "offline" in scenarios:
+        print(f"\n== offline: {args.offline_requests} requests at once (128-384 prompt, 64-192 output tokens) ==", flush=True)
+        off: dict[str, dict[str, float]] = {}
+        chosen = {k: v for k, v in configs.items() if k in ("monolithic", "chunked-512")} or configs
+        for label, p in chosen.items():
+            off[label] = offline(ours(label, p), args.offline_requests, vocab, bos, args.seed)
+        for label, p in vllm_configs.items():
+            prepare_vllm_environment()
+            off[label] = offline(theirs(label, p), args.offline_requests, vocab, bos, args.seed)
+        for label, f in off.items():
+            print(f"  {label:<22} {f['output_throughput_tps']:7.0f} output tok/s  ({f['seconds']:.1f}s)")
+        for label in chosen:
+            their = off.get(f"vllm {label}")
+            if their:
+                print(f"  ours/vLLM {label:<13} ×{_num(_ratio(off[label]['output_throughput_tps'], their['output_throughput_tps']))}")
+        report["offline"] = off
+
+    if args.json:
+        text = json.dumps(report, indent=2, default=str)
+        if args.json == "-":
+            print(text)
+        else:
+            Path(args.json).write_text(text + "\n")
+            print(f"\nfigures written to {args.json}")
+    return 0
