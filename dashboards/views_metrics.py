@@ -11,6 +11,7 @@ from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
+from django_htmx.middleware import HtmxDetails
 
 from controlplane.accounts.roles import Role
 from controlplane.metrics.models import ServiceObjectives
@@ -18,7 +19,11 @@ from dashboards import metrics_pages as pages
 from dashboards.access import role_required
 
 
-def _page(request: HttpRequest, name: str, template: str, context: dict) -> HttpResponse:
+class HtmxHttpRequest(HttpRequest):
+    htmx: HtmxDetails
+
+
+def _page(request: HtmxHttpRequest, name: str, template: str, context: dict) -> HttpResponse:
     if request.htmx:
         return render(request, pages.PAGES[name][1], context)
     return render(request, template, context)
@@ -33,31 +38,31 @@ def _links(view: pages.View) -> dict:
 
 
 @role_required(Role.VIEWER)
-def overview(request: HttpRequest) -> HttpResponse:
+def overview(request: HtmxHttpRequest) -> HttpResponse:
     view = pages.View.from_params(request.GET)
     return _page(request, "overview", "metrics/overview.html", {**pages.overview_context(view), **_links(view)})
 
 
 @role_required(Role.VIEWER)
-def panel(request: HttpRequest) -> HttpResponse:
+def panel(request: HtmxHttpRequest) -> HttpResponse:
     view = pages.View.from_params(request.GET)
     return _page(request, "panel", "metrics/panel.html", {**pages.panel_context(view), **_links(view)})
 
 
 @role_required(Role.VIEWER)
-def cohorts(request: HttpRequest) -> HttpResponse:
+def cohorts(request: HtmxHttpRequest) -> HttpResponse:
     view = pages.View.from_params(request.GET)
     return _page(request, "cohorts", "metrics/cohorts.html", {**pages.compare_context(view), **_links(view)})
 
 
 @role_required(Role.VIEWER)
-def lengths(request: HttpRequest) -> HttpResponse:
+def lengths(request: HtmxHttpRequest) -> HttpResponse:
     view = pages.View.from_params(request.GET)
     return _page(request, "lengths", "metrics/lengths.html", {**pages.lengths_context(view), **_links(view)})
 
 
 @role_required(Role.VIEWER)
-def worker(request: HttpRequest, pk: int) -> HttpResponse:
+def worker(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     from controlplane.fleet.models import Worker
 
     target = get_object_or_404(Worker.objects.select_related("pool", "running_revision__profile"), pk=pk)

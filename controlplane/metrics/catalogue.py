@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -141,7 +141,7 @@ _GAUGE_SET = set(GAUGES)
 _HISTOGRAM_SET = set(HISTOGRAMS)
 
 
-def layout_for(bucket_bounds: dict[str, Iterable[float]]) -> Layout:
+def layout_for(bucket_bounds: Mapping[str, Iterable[float]]) -> Layout:
     """The layout for histograms with these bucket bounds (``+Inf`` added)."""
     keys: list[str] = list(COUNTERS)
     for histogram in HISTOGRAMS:

@@ -112,8 +112,8 @@ class Group:
             self._sums = []
             for same in by_layout.values():
                 stacked = np.stack([t.increases for t in same])
-                seen = ~np.isnan(stacked).all(axis=0)
-                self._sums.append((same[0].layout, np.nansum(stacked, axis=0), seen))
+                seen = np.asarray(~np.isnan(stacked).all(axis=0), dtype=bool)
+                self._sums.append((same[0].layout, np.asarray(np.nansum(stacked, axis=0), dtype=np.float64), seen))
         return self._sums
 
     def sum_key(self, key: str) -> Floats:
@@ -360,8 +360,9 @@ def _hq(q: float, histogram: str) -> str:
 
 
 def _scrape(name: str, label: str, unit: str, direction: Direction, description: str, compute: ScrapeFn,
-            expr: str, **kw: bool) -> Figure:
-    return Figure(name, label, unit, direction, "scrape", description, expr, _scrape=compute, **kw)
+            expr: str, *, needs_peak_memory: bool = False, display: str = "") -> Figure:
+    return Figure(name, label, unit, direction, "scrape", description, expr, needs_peak_memory=needs_peak_memory,
+                  display=display, _scrape=compute)
 
 
 def _requests(name: str, label: str, unit: str, direction: Direction, description: str, compute: RequestFn) -> Figure:

@@ -8,8 +8,10 @@ scraper's data is stored whether or not Redis answers.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
 log = logging.getLogger(__name__)
@@ -37,6 +39,12 @@ def notify_scraped(at: datetime, worker_ids: Sequence[int]) -> None:
             for worker_id in worker_ids:
                 await layer.group_send(worker_group(worker_id), message)
 
-        async_to_sync(send_all)()
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            async_to_sync(send_all)()
+        else:  # called from inside a running loop: async_to_sync would refuse
+            with ThreadPoolExecutor(1) as pool:
+                pool.submit(async_to_sync(send_all)).result()
     except Exception:  # noqa: BLE001 - a live page is a convenience, the scrape is not
         log.warning("could not push a scrape to the metric pages", exc_info=True)

@@ -137,7 +137,7 @@ def _almost_equal(a: float, b: float, epsilon: float) -> bool:
     diff = abs(a - b)
     if a == 0 or b == 0 or abs_sum < _MIN_NORMAL:
         return diff < epsilon * _MIN_NORMAL
-    return diff / min(abs_sum, np.finfo(np.float64).max) < epsilon
+    return diff / min(abs_sum, float(np.finfo(np.float64).max)) < epsilon
 
 
 def histogram_quantile(q: float, buckets: Iterable[tuple[float, float]]) -> float | None:

@@ -33,7 +33,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
-from django.db.models import FloatField, Func, Max, OuterRef, Q, Subquery
+from django.db.models import FloatField, Func, Max, OuterRef, Q, QuerySet, Subquery
 from django.utils import timezone
 
 from controlplane.metrics import catalogue, figures, promql
@@ -192,7 +192,7 @@ def query_range_many(
     if span / step_seconds + 1 > MAX_RANGE_POINTS:
         raise QueryError("step", f"at most {MAX_RANGE_POINTS} points; use a larger step")
     count = int(span // step_seconds) + 1
-    points = end.timestamp() - step_seconds * np.arange(count)[::-1]
+    points = np.asarray(end.timestamp() - step_seconds * np.arange(count)[::-1], dtype=np.float64)
     evaluated = _evaluate(names, window, group_by, selector, points, objectives, dense=True)
     times = points.tolist()
     return {name: RangeResult(times, series) for name, series in evaluated.items()}
@@ -345,6 +345,7 @@ def _point_windows(points: Floats, window: float, selector: Mapping[str, str], n
         return []
     ids = [t.pk for t in targets]
     raw = _dt(start) >= timezone.now() - RAW_RETENTION + _RAW_MARGIN
+    inside: QuerySet[Snapshot] | QuerySet[Rollup]
     if raw:
         inside = Snapshot.objects.filter(target=OuterRef("pk"), ts__gt=_dt(start), ts__lte=_dt(end))
         model: type[Snapshot] | type[Rollup] = Snapshot
@@ -382,9 +383,9 @@ def _point_windows(points: Floats, window: float, selector: Mapping[str, str], n
                 first_raw = first_totals - (first_offsets[0] if first_offsets is not None else 0.0)
                 window_summary = promql.CounterWindow(t0, t1, seq1 - seq0 + 1, first_raw, last_totals - first_totals)
                 increases[0] = promql.extrapolated_increase(window_summary, start, end)
-        peak = peaks.get(target_id)
+        peak_value = peaks.get(target_id)
         out.append(
-            TargetWindows(t.labels(), layout, increases, np.array([np.nan if peak is None else peak]), window)
+            TargetWindows(t.labels(), layout, increases, np.array([np.nan if peak_value is None else peak_value]), window)
         )
     return out
 
@@ -430,7 +431,7 @@ def _dense_windows(points: Floats, window: float, selector: Mapping[str, str], n
     if not targets:
         return []
     by_id = {t.pk: t for t in targets}
-    rows: dict[int, list[tuple[float, float | None, bytes]]] = defaultdict(list)
+    rows: dict[int, list[tuple[float, float | None, bytes | memoryview]]] = defaultdict(list)
     for target_id, last_ts, peak, blob in (
         Rollup.objects.filter(target_id__in=list(by_id), minute__gte=minute_of(_dt(start)), minute__lte=_dt(end))
         .annotate(t=_Epoch("last_ts"))
@@ -449,8 +450,8 @@ def _dense_windows(points: Floats, window: float, selector: Mapping[str, str], n
         totals = np.vstack([vectors[i] for i in keep]) if keep else np.zeros((0, len(layout)))
         windows = promql.range_windows(times, totals, offsets.at(target_id, times, len(layout)), points, window)
         peak_values = np.array([np.nan if target_rows[i][1] is None else target_rows[i][1] for i in keep])
-        peak = promql.max_in_windows(peak_values, windows) if needs_peak else np.full(len(points), np.nan)
-        out.append(TargetWindows(t.labels(), layout, windows.increases, peak, window))
+        peaks = promql.max_in_windows(peak_values, windows) if needs_peak else np.full(len(points), np.nan)
+        out.append(TargetWindows(t.labels(), layout, windows.increases, peaks, window))
     return out
 
 

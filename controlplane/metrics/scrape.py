@@ -22,9 +22,11 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any, TypeVar
 
 import httpx
 import numpy as np
@@ -49,6 +51,7 @@ from controlplane.metrics.models import (
 log = logging.getLogger(__name__)
 
 MAX_PAGE_BYTES = 8 * 1024 * 1024
+T = TypeVar("T")
 
 
 def scrape_timeout_seconds() -> float:
@@ -100,6 +103,17 @@ async def fetch_all(jobs: Sequence[Job], timeout_seconds: float) -> list[Fetched
         return list(await asyncio.gather(*(one(job) for job in jobs)))
 
 
+def _run(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run the fetch on a loop of its own, in another thread when this one
+    already runs a loop (a caller inside async code, a test's browser)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
+
+
 # ---- the round ----------------------------------------------------------------------
 
 
@@ -131,7 +145,7 @@ def scrape_fleet(now: datetime | None = None, jobs: Sequence[Job] | None = None)
     now = now or timezone.now()
     jobs = jobs_for_fleet() if jobs is None else list(jobs)
     scrape_round = ScrapeRound.objects.create(started_at=now, num_targets=len(jobs))
-    fetched = asyncio.run(fetch_all(jobs, scrape_timeout_seconds())) if jobs else []
+    fetched = _run(fetch_all(jobs, scrape_timeout_seconds())) if jobs else []
     parsed: list[tuple[Fetched, catalogue.Scrape | None, str]] = []
     for f in fetched:
         if f.text is None:

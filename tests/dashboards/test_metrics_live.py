@@ -5,13 +5,15 @@ within two seconds."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
-from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
@@ -29,6 +31,7 @@ from tests.controlplane.metrics.pages import Page, job, store
 pytestmark = pytest.mark.django_db(transaction=True)
 
 PUSH_DEADLINE_SECONDS = 2.0
+T = TypeVar("T")
 
 
 class _Injected:
@@ -39,6 +42,14 @@ class _Injected:
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> Any:
         return await self.app({**scope, "user": self.user}, receive, send)
+
+
+def run(scenario: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run an async scenario on its own event loop in its own thread: a
+    session's Playwright browser keeps a loop running in the main thread,
+    where async_to_sync refuses to work."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, scenario()).result(timeout=60)
 
 
 def socket(path: str, user: Any) -> WebsocketCommunicator:
@@ -73,7 +84,7 @@ def test_a_scrape_pushes_the_panel_with_the_new_figures_within_two_seconds() -> 
         await comm.disconnect()
         return html, elapsed
 
-    html, elapsed = async_to_sync(scenario)()
+    html, elapsed = run(scenario)
     assert html.startswith('<div id="metrics-cohorts-live" hx-swap-oob="true">')
     row = html.split('data-figure="requests_per_second"', 1)[1].split("</tr>", 1)[0]
     rate = float(re.search(r'<td data-cohort="stable">([0-9.]+)/s</td>', row).group(1))
@@ -111,7 +122,7 @@ def test_the_scraper_itself_pushes_a_round_to_the_worker_page(settings: Any) -> 
             await comm.disconnect()
             return html
 
-        html = async_to_sync(scenario)()
+        html = run(scenario)
     assert html.startswith('<div id="metrics-panel-live" hx-swap-oob="true">')
     assert 'id="chart-data-ttft"' in html and '"lines"' in html
     assert 'data-group="fleet"' in html
@@ -125,7 +136,7 @@ def test_visitors_without_a_role_are_refused(role: Role | None) -> None:
         comm = socket("/ws/metrics/panel/", user)
         return await comm.connect()
 
-    assert async_to_sync(scenario)() == (False, FORBIDDEN)
+    assert run(scenario) == (False, FORBIDDEN)
 
 
 def test_a_worker_page_for_a_missing_worker_is_closed() -> None:
@@ -134,5 +145,5 @@ def test_a_worker_page_for_a_missing_worker_is_closed() -> None:
     async def scenario() -> tuple[bool, Any]:
         return await socket("/ws/metrics/worker/999999/", viewer).connect()
 
-    connected, _ = async_to_sync(scenario)()
+    connected, _ = run(scenario)
     assert not connected

@@ -223,3 +223,35 @@ def test_goodput_counts_requests_meeting_both_objectives(clock) -> None:
     assert query.query_many(["goodput", "goodput_ratio", "request_count"], 60, now=at(600)) == {
         "goodput": {"fleet": None}, "goodput_ratio": {"fleet": None}, "request_count": {"fleet": 0.0}
     }
+
+
+def test_retention_keeps_raw_scrapes_a_day_and_minutes_two_weeks_and_long_windows_read_minutes(clock) -> None:
+    from controlplane.metrics.models import purge_expired
+
+    w = worker("w1", "p")
+    day = 86400
+    # The counter counts seconds (1 request/s); scraped every 30 s for an
+    # hour three days ago and for the last hour.
+    samples = [(float(start + 30 * i), 1e6 + start + 30 * i + 3 * day) for start in (-3 * day, -3600) for i in range(1, 121)]
+    for t, value in samples:
+        store(at(t), {job(w): Page(counters={"vllm:request_success_total": value})})
+    now = at(0)
+    with time_machine.travel(now, tick=False):
+        counts = purge_expired(now)
+        assert counts["snapshots"] == 120 and counts["rollups"] == 0
+        assert not Snapshot.objects.filter(ts__lt=now - timedelta(days=1)).exists()
+        # 30 .. 3600 s past the hour: 61 minutes, the first and last with one scrape each.
+        assert Rollup.objects.filter(minute__lt=now - timedelta(days=1)).count() == 61
+        # A four-day window starts before raw retention, so it reads minute
+        # rollups: Prometheus's arithmetic over each minute's last sample.
+        last_of_minute = {t // 60: (t, v) for t, v in samples}
+        minute_samples = sorted(last_of_minute.values())
+        expected = promql.rate(minute_samples, -4 * day, 0)
+        assert query.query("requests_per_second", 4 * day, now=now)["fleet"] == pytest.approx(expected)
+        # By hand: 122 minute samples from -3d+30 to 0, increase 3d - 30 over as
+        # many seconds; the window's start is far: extrapolate half an interval.
+        sampled = 3 * day - 30
+        assert expected == pytest.approx((sampled + sampled / 121 / 2) / (4 * day))
+    with time_machine.travel(now + timedelta(days=15), tick=False):
+        purge_expired(now + timedelta(days=15))
+        assert not Rollup.objects.exists() and not Target.objects.exists()

@@ -75,7 +75,13 @@ class Command(BaseCommand):
                     cursor.execute("VACUUM ANALYZE metrics_snapshot")
                     cursor.execute("VACUUM ANALYZE metrics_rollup")
         else:
-            now = Target.objects.filter(worker_name__startswith=PREFIX).order_by("-last_at").first().last_at
+            newest = Target.objects.filter(worker_name__startswith=PREFIX).order_by("-last_at").values_list(
+                "last_at", flat=True
+            ).first()
+            if newest is not None and now - newest > timedelta(minutes=5):
+                self.stderr.write(self.style.WARNING(
+                    f"the reused data ends {now - newest} ago: the newest windows are emptier than a live fleet's"
+                ))
         self.report_storage()
         try:
             self.time_panel(opts["repeat"])
@@ -189,10 +195,10 @@ class Command(BaseCommand):
         minutes = (epoch // 60).astype(np.int64)
         last_of_minute = np.flatnonzero(np.append(minutes[1:] != minutes[:-1], True))
         first_of_minute = np.append(0, last_of_minute[:-1] + 1)
-        snapshot_rows = [
+        snapshot_rows: list[tuple[Any, ...]] = [
             (target.pk, times[i], i + 1, float(peak[i]), packed[i]) for i in range(len(times))
         ]
-        rollup_rows = [
+        rollup_rows: list[tuple[Any, ...]] = [
             (target.pk, minute_of(times[last]), times[last], k + 1, int(last - first + 1),
              float(peak[first : last + 1].max()), packed[last])
             for k, (first, last) in enumerate(zip(first_of_minute, last_of_minute, strict=True))
@@ -264,7 +270,7 @@ class Command(BaseCommand):
         for i in range(repeat + 1):
             request = factory.get("/figures/panel/", {"group_by": "cohort", "range": "1h"})
             request.user = user
-            request.htmx = HtmxDetails(request)
+            request.htmx = HtmxDetails(request)  # type: ignore[attr-defined]
             started = time.perf_counter()
             response = panel(request)
             if hasattr(response, "render"):
