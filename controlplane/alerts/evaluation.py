@@ -29,6 +29,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any
 
 from django.db import transaction
@@ -138,7 +139,7 @@ def _evaluate_rules(rules: list[AlertRule], tick: datetime, result: CycleResult)
     rows = {a.fingerprint: a for a in Alert.objects.filter(rule_id__in=rule_ids).filter(
         Q(state__gte=State.NODATA) | Q(nodata_since__isnull=False) | Q(keep_firing_since__isnull=False)
     )}
-    plans: list[tuple[AlertRule, engine.Spec, list[tuple[dict[str, str], str, sources.Sample]]]] = []
+    plans: list[tuple[AlertRule, engine.Spec, list[tuple[dict[str, str], str, sources.Sample, bool | None]]]] = []
     wanted: set[str] = set()
     for rule in rules:
         got = samples.get(rule.pk, [])
@@ -147,14 +148,14 @@ def _evaluate_rules(rules: list[AlertRule], tick: datetime, result: CycleResult)
             result.errors[rule.name] = rule.last_error
             continue
         rule.last_error = ""
-        base = rule.base_labels()
+        base = tuple(sorted(rule.base_labels().items()))
         spec = rule.spec()
         planned = []
         for sample in got:
-            labels = {**sample.labels, **base}
-            fp = fingerprint(labels)
-            planned.append((labels, fp, sample))
-            if fp not in rows and (sample.value is None or condition_of(rule, sample)):
+            fp, labels = _identity(base, tuple(sample.labels.items()))
+            condition = condition_of(rule, sample)
+            planned.append((dict(labels), fp, sample, condition))
+            if fp not in rows and (sample.value is None or condition):
                 wanted.add(fp)
         plans.append((rule, spec, planned))
     if wanted:
@@ -166,9 +167,9 @@ def _evaluate_rules(rules: list[AlertRule], tick: datetime, result: CycleResult)
     writes = _Writes()
     for rule, spec, planned in plans:
         seen: set[str] = set()
-        for labels, fp, sample in planned:
+        for labels, fp, sample, condition in planned:
             seen.add(fp)
-            _step_one(rule, spec, rows.get(fp), labels, fp, sample, condition_of(rule, sample), tick, writes)
+            _step_one(rule, spec, rows.get(fp), labels, fp, sample, condition, tick, writes)
         # Active alerts whose group is gone from the data.
         for row in rows_by_rule.get(rule.pk, []):
             fp = row.fingerprint
@@ -226,6 +227,15 @@ def _audit(transitions: list[tuple[Alert, engine.Transition, AlertRule]], tick: 
         ]
         audit.record(ACTOR, f"alert.{state.label}", rules[rule_id], None,
                      {"state": state.label, "num_alerts": len(items), "alerts": listed}, time=tick)
+
+
+@lru_cache(maxsize=65536)
+def _identity(base: tuple[tuple[str, str], ...], group: tuple[tuple[str, str], ...]) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """An alert's fingerprint and label set from its rule's labels and its
+    group's: the same every cycle, so worked out once (a rule's labels win,
+    as in Prometheus)."""
+    labels = {**dict(group), **dict(base)}
+    return fingerprint(labels), tuple(sorted(labels.items()))
 
 
 def _same_but_value(a: engine.AlertState, b: engine.AlertState) -> bool:

@@ -13,7 +13,8 @@ windows, so this reads instead:
   computed in one vectorised call per figure: the figure arithmetic is
   pointwise, so each row comes out as it would alone. Groups of several
   targets go through ``figures.Group`` one by one, as the query layer does.
-* request-log figures: the log over the longest window asked for, once;
+* request-log figures: the log over the longest window asked for, once
+  (and between cycles only the rows that arrived since: ``request_log``);
   each figure's window arithmetic (``_per_window``) takes the rows inside
   its own window, and a group exists when it has rows in that window.
 
@@ -31,8 +32,8 @@ from datetime import datetime
 from typing import Any
 
 import numpy as np
-from django.db import connection
 
+from controlplane.alerts import request_log
 from controlplane.metrics import figures, query
 from controlplane.metrics.figures import Figure, Objectives, RequestRows, TargetWindows
 
@@ -120,54 +121,33 @@ class Reader:
     # ---- request-log figures ------------------------------------------------------------
 
     def _log(self, window: float) -> _Log:
-        """The log over the longest window wanted, sorted by arrival, with each
-        row's worker, pool and cohort as codes. Read with one plain cursor:
-        Django's per-value converters cost more than the query here."""
+        """The log over the longest window wanted (kept between cycles, see
+        ``request_log``), with each row's worker, pool and cohort as codes."""
         if self._log_rows is not None and self._log_window >= window:
             return self._log_rows
         from controlplane.fleet.models import Pool, Worker
-        from controlplane.gateway.models import RequestLog
 
         longest = max(window, self._request_window)
-        end = self.points[-1]
-        qs = (
-            RequestLog.objects.filter(created_at__gt=query._dt(end - longest), created_at__lte=query._dt(end))
-            .annotate(epoch=query._Epoch("created_at"))
-            .order_by("created_at")
-            .values_list("epoch", "status", "error", "ttft_seconds", "tpot_seconds", "max_gap_seconds",
-                         "e2e_seconds", "worker_id", "pool_id", "cohort")
-        )
-        sql, params = qs.query.sql_with_params()
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            raw = cursor.fetchall()
-        if not raw:
-            self._log_rows = _Log(RequestRows.empty(), {})
-            self._log_window = longest
-            return self._log_rows
-        (created, status, error, ttft, tpot, max_gap, e2e, worker_ids, pool_ids, cohorts) = zip(*raw, strict=True)
-        status_array = np.array(status, dtype=np.int64)
-        has_error = np.array([bool(e) for e in error], dtype=bool)
+        end = float(self.points[-1])
+        log = request_log.window(end - longest, end)
         rows = RequestRows(
-            created=np.array(created, dtype=np.float64),
+            created=log.created,
             # query.is_ok and query.is_failed, over arrays (the reader test holds them equal).
-            ok=(status_array == 200) & ~has_error,
-            failed=(status_array >= 500) | (status_array == 429) | ((status_array == 200) & has_error),
-            ttft=np.array(ttft, dtype=np.float64), tpot=np.array(tpot, dtype=np.float64),
-            max_gap=np.array(max_gap, dtype=np.float64), e2e=np.array(e2e, dtype=np.float64),
+            ok=(log.status == 200) & ~log.has_error,
+            failed=(log.status >= 500) | (log.status == 429) | ((log.status == 200) & log.has_error),
+            ttft=log.ttft, tpot=log.tpot, max_gap=log.max_gap, e2e=log.e2e,
         )
 
-        def by_id(ids: tuple[int | None, ...], model: Any) -> tuple[list[str], np.ndarray]:
-            numbers = np.array([-1 if i is None else i for i in ids], dtype=np.int64)
+        def by_id(numbers: np.ndarray, model: Any) -> tuple[list[str], np.ndarray]:
             uniques, codes = np.unique(numbers, return_inverse=True)
             named = dict(model.objects.filter(pk__in=[int(u) for u in uniques if u >= 0]).values_list("pk", "name"))
             return [named.get(int(u), "") for u in uniques], codes
 
         table: dict[str, int] = {}
-        cohort_codes = np.fromiter((table.setdefault(c or "", len(table)) for c in cohorts), dtype=np.intp,
-                                   count=len(cohorts))
-        self._log_rows = _Log(rows, {"worker": by_id(worker_ids, Worker), "pool": by_id(pool_ids, Pool),
-                                     "cohort": (list(table), cohort_codes)})
+        cohort_codes = np.fromiter((table.setdefault(c, len(table)) for c in log.cohorts.tolist()), dtype=np.intp,
+                                   count=len(log))
+        self._log_rows = _Log(rows, {"worker": by_id(log.worker_ids, Worker), "pool": by_id(log.pool_ids, Pool),
+                                     "cohort": (list(table), cohort_codes)}) if len(log) else _Log(rows, {})
         self._log_window = longest
         return self._log_rows
 

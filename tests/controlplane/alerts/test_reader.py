@@ -110,3 +110,33 @@ def test_the_reader_reads_each_window_once(fleet: dict[str, Worker], django_asse
                 for selector in SELECTORS:
                     reader.read(["ttft_p99", "memory_peak_to_mean", "kv_fragmentation"], 300.0, group_by, selector)
                     reader.read(["client_ttft_p99", "error_rate"], 60.0, group_by, selector)
+
+
+def test_the_request_log_is_kept_between_cycles_and_read_afresh_when_its_past_changes(db: Any) -> None:
+    from controlplane.alerts import request_log
+    from controlplane.gateway.models import RequestLog
+
+    def log(at_seconds: float, name: str) -> RequestLog:
+        return RequestLog.objects.create(request_id=name, created_at=at(at_seconds), model="tiny", status=200,
+                                         ttft_seconds=0.1)
+
+    for i in range(10):
+        log(10 * i + 1, f"r{i}")
+    cache = request_log._cache
+    first = request_log.window(at(0).timestamp(), at(100).timestamp())
+    full_reads = cache.num_full_reads
+    assert len(first) == 10
+
+    log(105, "new")
+    second = request_log.window(at(5).timestamp(), at(110).timestamp())  # the window slid 10 s
+    assert cache.num_full_reads == full_reads, "only the new rows were read"
+    assert len(second) == 10 and second.created[-1] == at(105).timestamp()
+    assert second.created[0] == at(11).timestamp()  # r0 (at 1 s) left the window
+
+    log(50, "late")  # a gateway's batch committed late, into the kept range
+    third = request_log.window(at(5).timestamp(), at(115).timestamp())
+    assert cache.num_full_reads == full_reads + 1
+    assert len(third) == 11 and at(50).timestamp() in third.created.tolist()
+
+    RequestLog.objects.filter(request_id="r5").delete()
+    assert len(request_log.window(at(5).timestamp(), at(115).timestamp())) == 10

@@ -189,7 +189,7 @@ class Command(BaseCommand):
         if profiler is not None:
             profiler.disable()
             buffer = io.StringIO()
-            pstats.Stats(profiler, stream=buffer).sort_stats("cumulative").print_stats(45)
+            pstats.Stats(profiler, stream=buffer).sort_stats("tottime").print_stats(30)
             self.stdout.write(buffer.getvalue())
         durations = [r.seconds for r in results]
         reads = [r.read_seconds for r in results]
