@@ -152,9 +152,9 @@ def _evaluate_rules(rules: list[AlertRule], tick: datetime, result: CycleResult)
         spec = rule.spec()
         planned = []
         for sample in got:
-            fp, labels = _identity(base, tuple(sample.labels.items()))
+            fp, label_items = _identity(base, tuple(sample.labels.items()))
             condition = condition_of(rule, sample)
-            planned.append((dict(labels), fp, sample, condition))
+            planned.append((dict(label_items), fp, sample, condition))
             if fp not in rows and (sample.value is None or condition):
                 wanted.add(fp)
         plans.append((rule, spec, planned))
@@ -167,9 +167,9 @@ def _evaluate_rules(rules: list[AlertRule], tick: datetime, result: CycleResult)
     writes = _Writes()
     for rule, spec, planned in plans:
         seen: set[str] = set()
-        for labels, fp, sample, condition in planned:
+        for alert_labels, fp, sample, condition in planned:
             seen.add(fp)
-            _step_one(rule, spec, rows.get(fp), labels, fp, sample, condition, tick, writes)
+            _step_one(rule, spec, rows.get(fp), alert_labels, fp, sample, condition, tick, writes)
         # Active alerts whose group is gone from the data.
         for row in rows_by_rule.get(rule.pk, []):
             fp = row.fingerprint
