@@ -197,7 +197,7 @@ def summary(targets: list[Target]) -> dict[str, dict[str, float]]:
     direct = next(t for t in targets if t.name == "direct")
     out: dict[str, dict[str, float]] = {}
     for t in targets:
-        row = {"n": len(t.ttfts), "errors": t.errors}
+        row: dict[str, float] = {"n": len(t.ttfts), "errors": t.errors}
         for q in (50, 90, 99):
             row[f"p{q}_ms"] = t.percentile(q) * 1000 if t.ttfts else float("nan")
             row[f"added_p{q}_ms"] = (t.percentile(q) - direct.percentile(q)) * 1000 if t.ttfts else float("nan")

@@ -123,19 +123,23 @@ def _parse(instance_id: str, raw: dict[bytes, bytes]) -> GatewayInfo | None:
 def live_gateways(conn: redis.Redis | None = None) -> list[GatewayInfo]:
     """Every gateway whose liveness record has not expired, by id."""
     conn = conn or client()
-    ids = [m.decode() for m in conn.zrange(live_key(), 0, -1)]
+    ids = [m.decode() for m in conn.zrange(live_key(), 0, -1)]  # type: ignore[union-attr]
     if not ids:
         return []
     pipe = conn.pipeline(transaction=False)
     for instance_id in ids:
         pipe.hgetall(gateway_key(instance_id))
-    gateways, dead = [], []
+    gateways: list[GatewayInfo] = []
+    dead: list[str] = []
     for instance_id, raw in zip(ids, pipe.execute(), strict=True):
         info = _parse(instance_id, raw)
-        (gateways if info is not None else dead).append(info or instance_id)
+        if info is None:
+            dead.append(instance_id)
+        else:
+            gateways.append(info)
     if dead:
         conn.zrem(live_key(), *dead)
-    return sorted(gateways, key=lambda g: g.id)  # type: ignore[union-attr,return-value]
+    return sorted(gateways, key=lambda g: g.id)
 
 
 @dataclass(frozen=True)

@@ -54,5 +54,6 @@ def redis_prefix() -> str:
     explicit = getattr(settings, "GATEWAY_REDIS_PREFIX", None) or os.environ.get("GATEWAY_REDIS_PREFIX")
     if explicit:
         return str(explicit)
-    channels_prefix = settings.CHANNEL_LAYERS["default"]["CONFIG"].get("prefix", "chunkpilot")
+    config: dict[str, Any] = settings.CHANNEL_LAYERS["default"]["CONFIG"]  # type: ignore[assignment]
+    channels_prefix = config.get("prefix", "chunkpilot")
     return f"{channels_prefix}:gateway"

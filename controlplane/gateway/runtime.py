@@ -106,9 +106,10 @@ class Presence:
         self._acks = "{}"
 
     async def ack(self, epochs: dict[str, int]) -> None:
-        """Record the epochs now applied and wake whoever waits on them."""
-        self._acks = json.dumps(epochs, sort_keys=True)
-        await self.refresh(publish=True)
+        """Record the epochs now applied; wake whoever waits on them if they changed."""
+        acks = json.dumps(epochs, sort_keys=True)
+        changed, self._acks = acks != self._acks, acks
+        await self.refresh(publish=changed)
 
     async def refresh(self, *, publish: bool = False) -> None:
         key = bus.gateway_key(self.id)
@@ -293,9 +294,11 @@ class LogWriter(threading.Thread):
             self._wake.set()
 
     def stop(self, timeout: float = 10.0) -> None:
+        """Write what is left (waiting up to ``timeout`` for the database)."""
         self._stopping.set()
         self._wake.set()
         self.join(timeout)
+        log.info("request log: %d rows written, %d left unwritten", self.num_written, len(self._rows))
 
     def run(self) -> None:
         while True:

@@ -44,7 +44,7 @@ def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) ->
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise CommandError(f"{proc.args} exited with {proc.returncode}")
+            raise CommandError(f"{proc.args!r} exited with {proc.returncode}")
         with contextlib.suppress(httpx.HTTPError):
             if httpx.get(url, timeout=2).status_code == 200:
                 return

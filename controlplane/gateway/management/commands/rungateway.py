@@ -4,6 +4,7 @@ registers itself in Redis and acks the routing epochs it applies."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -55,7 +56,10 @@ def build_gateway(address: str, *, client: str | None = None) -> tuple[Gateway, 
         ),
         upstream_factory=lambda: upstream_class(timeouts),
         on_startup=[refresher.start],
-        on_shutdown=[refresher.stop],
+        # The log's last rows are flushed in the lifespan's shutdown: uvicorn
+        # re-raises the signal that stopped it once it is done, so code after
+        # server.run() never runs on SIGTERM.
+        on_shutdown=[refresher.stop, lambda: asyncio.to_thread(writer.stop)],
     )
     app.refresher = refresher  # type: ignore[attr-defined]
     return app, writer
@@ -103,8 +107,4 @@ class Command(BaseCommand):
         )
         server = uvicorn.Server(config)
         log.info("gateway %s listening on %s:%s", address, options["host"], options["port"])
-        try:
-            server.run()
-        finally:
-            writer.stop()
-            log.info("gateway %s stopped (%d request-log rows written)", address, writer.num_written)
+        server.run()
