@@ -1,0 +1,283 @@
+"""End to end on a real stack: the control plane's web server (ASGI), a
+Celery worker, a gateway, three reference workers on the tiny model (two
+stable, one canary) run by their agents, and ``python -m workers loadgen``
+traffic through the gateway the whole time.
+
+One stack, three rollouts in a row (two cores do not have room for three
+stacks):
+
+1. monolithic → chunked, through the consistency gate, an analysis and
+   promotion (the stable pool moves one worker at a time): it succeeds;
+2. a regressed profile (one sequence at a time, tiny chunks): the analysis
+   fails and the rollout aborts by itself;
+3. a fine profile, paused at 25%: an operator aborts it through the API.
+
+Across all three, no client request fails: loadgen's own counts and the
+gateway's request log agree.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from rest_framework.authtoken.models import Token
+
+from controlplane.accounts.roles import Role
+from controlplane.fleet.models import EnrollmentToken, Pool, Worker
+from controlplane.gateway.models import ClientKey, PoolSpec, RequestLog, RoutingTable
+from controlplane.metrics.query import is_failed
+from controlplane.profiles.models import Profile
+from controlplane.rollouts.models import AnalysisTemplate, Rollout
+from tests.conftest import control_plane_env
+from tests.controlplane.factories import make_user
+from tests.support import PYTHON, Process, child_env, free_port, running
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+logging.getLogger("httpx").setLevel(logging.WARNING)
+
+MAX_MODEL_LEN = 1024
+MODEL = "tiny-model"  # the served name: the checkpoint directory's
+WEB_ENV = {"HEARTBEAT_INTERVAL_SECONDS": "0.5"}
+GATEWAY_ENV = {
+    "GATEWAY_POLL_SECONDS": "0.5", "GATEWAY_HEARTBEAT_SECONDS": "0.3", "GATEWAY_LIVENESS_TTL_SECONDS": "3",
+    "GATEWAY_LOG_FLUSH_SECONDS": "0.2",
+}
+PROFILES = {
+    "stable": {"prefill_mode": "monolithic", "max_num_batched_tokens": MAX_MODEL_LEN},
+    "chunked": {"prefill_mode": "chunked", "max_num_batched_tokens": 256, "long_prefill_token_threshold": 64},
+    # one sequence at a time, 16 tokens a step: prompts take dozens of steps, requests queue behind each other
+    "regressed": {"prefill_mode": "chunked", "max_num_batched_tokens": 16, "long_prefill_token_threshold": 16,
+                  "max_num_seqs": 1},
+    "chunked-128": {"prefill_mode": "chunked", "max_num_batched_tokens": 512, "long_prefill_token_threshold": 128},
+}
+
+
+class Stack:
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        self.procs: dict[str, Process] = {}
+        self.web = self.gateway = ""
+        self.api = httpx.Client(timeout=30)
+        self.last: dict[str, Any] | None = None  # the last rollout read, for the failure report
+
+    def logs(self) -> str:
+        procs = "\n".join(f"--- {name} ---\n{p.output()[-3000:]}" for name, p in self.procs.items())
+        return f"{describe(self.last) if self.last else ''}\n{procs}"
+
+
+def wait_for(predicate: Any, timeout: float, what: str, stack: Stack | None = None, interval: float = 0.25) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not met after {timeout}s\n{stack.logs() if stack else ''}")
+        time.sleep(interval)
+
+
+@contextlib.contextmanager
+def stack_up(tmp: Path, tiny_model: Path) -> Iterator[Stack]:
+    from django.conf import settings
+
+    s = Stack(tmp)
+    with contextlib.ExitStack() as stack:
+        def start(name: str, argv: list[str], env: dict[str, str]) -> Process:
+            s.procs[name] = stack.enter_context(running(argv, env=env, log_path=tmp / f"{name}.log"))
+            return s.procs[name]
+
+        web_port, gw_port = free_port(), free_port()
+        s.web, s.gateway = f"http://127.0.0.1:{web_port}", f"http://127.0.0.1:{gw_port}"
+        web = start("web", [PYTHON, "-m", "uvicorn", "controlplane.asgi:application", "--port", str(web_port),
+                            "--log-level", "warning"], control_plane_env(**WEB_ENV))
+        celery = start("celery", [PYTHON, "-m", "celery", "-A", "controlplane", "worker", "--pool", "solo",
+                                  "--loglevel", "INFO", "--without-gossip", "--without-mingle",
+                                  "-Q", settings.CELERY_TASK_DEFAULT_QUEUE, "-n", f"e2e-{gw_port}@%h"],
+                       control_plane_env(ROLLOUT_ACK_WAIT_SECONDS="2"))
+        gateway = start("gateway", [PYTHON, "manage.py", "rungateway", "--port", str(gw_port), "--log-level",
+                                    "warning"], control_plane_env(**GATEWAY_ENV))
+        for role, pool in (("stable", "e2e-stable"), ("stable", "e2e-stable"), ("canary", "e2e-canary")):
+            _, token = EnrollmentToken.issue(f"e2e {role}", pool=Pool.objects.get(name=pool), max_uses=1)
+            port = free_port()
+            name = f"{pool}-{port}"
+            start(name, [PYTHON, "-m", "workers", "serve", "--model", str(tiny_model), "--port", str(port),
+                         "--max-model-len", str(MAX_MODEL_LEN), "--device", "cpu", "--log-level", "warning",
+                         "--control-plane", s.web, "--enroll-token", token, "--name", name,
+                         "--advertise-url", f"http://127.0.0.1:{port}",
+                         "--state-file", str(tmp / f"{name}.state")], child_env())
+        web.wait_http(f"{s.web}/login/", timeout=90)
+        gateway.wait_http(f"{s.gateway}/health", timeout=90)
+        celery.wait_for_output("ready.", timeout=90)
+        yield s
+
+
+class Traffic:
+    """Two staggered loops of ``loadgen`` runs, so traffic never stops."""
+
+    def __init__(self, url: str, key: str, tmp: Path):
+        self.url, self.key, self.tmp = url, key, tmp
+        self.summaries: list[dict[str, Any]] = []
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._loop, args=(i,), daemon=True) for i in range(2)]
+
+    def __enter__(self) -> Traffic:
+        for i, t in enumerate(self._threads):
+            t.start()
+            if i == 0:
+                time.sleep(8)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(120)
+
+    def _loop(self, loop: int) -> None:
+        seed = loop * 1000
+        while not self._stop.is_set():
+            seed += 1
+            argv = [PYTHON, "-m", "workers", "loadgen", "--url", self.url, "--api-key", self.key,
+                    "--scenario", "burst", "--rate", "1.5", "--burst-period", "2", "--duration", "16",
+                    "--sticky-keys", "200", "--seed", str(seed), "--json"]
+            done = subprocess.run(argv, capture_output=True, text=True, env=child_env(), timeout=600)
+            try:
+                summary = json.loads(done.stdout)["summary"]
+            except (ValueError, KeyError):
+                self.failures.append(f"loadgen {seed} exited {done.returncode}: {done.stderr[-2000:]}")
+                continue
+            self.summaries.append(summary)
+
+    @property
+    def num_requests(self) -> int:
+        return sum(s["num_requests"] for s in self.summaries)
+
+
+def api(stack: Stack, token: str, method: str, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
+    return stack.api.request(method, f"{stack.web}/api/v1{path}", json=body,
+                             headers={"Authorization": f"Token {token}"})
+
+
+def rollout_state(stack: Stack, token: str, rollout_id: int) -> dict[str, Any]:
+    stack.last = api(stack, token, "GET", f"/rollouts/{rollout_id}/").json()
+    return stack.last
+
+
+def finished(stack: Stack, token: str, rollout_id: int) -> dict[str, Any] | None:
+    data = rollout_state(stack, token, rollout_id)
+    stack.last = data
+    return data if data["finished"] else None
+
+
+def describe(data: dict[str, Any]) -> str:
+    lines = [f"{e['time']} {e['kind']}: {e['message']}" for e in data["timeline"]]
+    lines += [json.dumps(m["verdicts"]) for run in data["analysis_runs"] for m in run["measurements"]]
+    return "\n".join(lines)
+
+
+def test_rollouts_promote_abort_on_regression_and_abort_by_hand_with_no_failed_request(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    profile = Profile.objects.create(name="e2e", engine_kind="reference")
+    revisions = {name: profile.add_revision(fields, comment=name) for name, fields in PROFILES.items()}
+    pools = {}
+    for role in ("stable", "canary"):
+        pools[role] = Pool.objects.create(name=f"e2e-{role}")
+        pools[role].set_desired_revision(revisions["stable"])
+    AnalysisTemplate.objects.create(name="lenient", interval_seconds=4, count=1, initial_delay_seconds=4,
+                                    window_seconds=8, metrics=[
+                                        {"name": "ttft", "figure": "client_ttft_p99", "max_ratio": 20, "floor": 5,
+                                         "min_samples": 2},
+                                        {"name": "errors", "figure": "error_rate", "test": "error_rate",
+                                         "floor": 0.01, "min_samples": 2}])
+    # Fails at the first failed measurement; tolerates a couple of rounds with
+    # too few finished canary requests (a slow canary finishes few).
+    AnalysisTemplate.objects.create(name="strict", interval_seconds=5, count=4, initial_delay_seconds=5,
+                                    window_seconds=10, inconclusive_limit=2, metrics=[
+                                        {"name": "ttft", "figure": "client_ttft_p99", "max_ratio": 1.5,
+                                         "floor": 0.1, "min_samples": 2}])
+    key = ClientKey.issue("loadgen")[1]
+    token = Token.objects.create(user=make_user(Role.OPERATOR)).key
+
+    with stack_up(tmp_path, tiny_model) as stack:
+        wait_for(lambda: Worker.objects.filter(state=Worker.State.READY,
+                                               running_revision=revisions["stable"]).count() == 3,
+                 timeout=240, what="three workers ready on the stable revision", stack=stack)
+        table = RoutingTable.create_audited(MODEL, actor="test")
+        table.configure([PoolSpec(pools["stable"], "stable", 10000), PoolSpec(pools["canary"], "canary", 0)],
+                        actor="test")
+        started = time.time()
+        with Traffic(stack.gateway, key, tmp_path) as traffic:
+            # 1. monolithic → chunked: gate, analysis, promotion one worker at a time
+            reply = api(stack, token, "POST", "/rollouts/", {
+                "model": MODEL, "stable_pool": "e2e-stable", "canary_pool": "e2e-canary",
+                "target_revision": revisions["chunked"].pk, "progress_deadline_seconds": 300,
+                "steps": [{"set_weight": 5000}, {"analysis": {"template": "lenient"}}, {"set_weight": 10000}],
+            })
+            assert reply.status_code == 201, reply.text
+            first = wait_for(lambda: finished(stack, token, reply.json()["id"]), timeout=400,
+                             what="the chunked rollout to finish", stack=stack)
+            assert first["phase"] == "succeeded", describe(first)
+            assert first["gate_status"] == "passed", first["gate_result"]
+            assert first["analysis_runs"][0]["phase"] == "successful"
+            kinds = [e["kind"] for e in first["timeline"]]
+            assert kinds.count("worker_moved") == 2 and "pool_finalized" in kinds
+            assert set(Worker.objects.filter(pool=pools["stable"]).values_list("running_revision", flat=True)) == {
+                revisions["chunked"].pk}
+
+            # 2. a regressed profile: the analysis fails, the rollout aborts by itself
+            reply = api(stack, token, "POST", "/rollouts/", {
+                "model": MODEL, "stable_pool": "e2e-stable", "canary_pool": "e2e-canary",
+                "target_revision": revisions["regressed"].pk, "progress_deadline_seconds": 300,
+                "steps": [{"set_weight": 5000}, {"analysis": {"template": "strict"}}, {"set_weight": 10000}],
+            })
+            assert reply.status_code == 201, reply.text
+            second = wait_for(lambda: finished(stack, token, reply.json()["id"]), timeout=400,
+                              what="the regressed rollout to finish", stack=stack)
+            assert second["phase"] == "aborted", describe(second)
+            assert "failed" in second["abort_reason"] and "ttft" in second["abort_reason"], second["abort_reason"]
+            failed = [v for m in second["analysis_runs"][0]["measurements"] for v in m["verdicts"]
+                      if v["phase"] == "failed"]
+            assert failed and failed[0]["canary"] > failed[0]["baseline"]
+            print(f"e2e: the regression's failed verdict: {failed[0]['reason']} "
+                  f"(canary {failed[0]['canary']:.3f} s, baseline {failed[0]['baseline']:.3f} s)")
+            assert second["weights"]["canary"] == 0
+
+            # 3. a fine profile, paused at 25%: aborted by an operator
+            reply = api(stack, token, "POST", "/rollouts/", {
+                "model": MODEL, "stable_pool": "e2e-stable", "canary_pool": "e2e-canary",
+                "target_revision": revisions["chunked-128"].pk, "progress_deadline_seconds": 300,
+                "steps": [{"set_weight": 2500}, {"pause": {}}],
+            })
+            assert reply.status_code == 201, reply.text
+            third_id = reply.json()["id"]
+            wait_for(lambda: rollout_state(stack, token, third_id)["phase"] == "paused", timeout=300,
+                     what="the third rollout to pause at 25%", stack=stack)
+            time.sleep(3)  # traffic on the canary
+            assert api(stack, token, "POST", f"/rollouts/{third_id}/abort/", {"reason": "by hand"}).status_code == 200
+            third = wait_for(lambda: finished(stack, token, third_id), timeout=300,
+                             what="the manual abort to finish", stack=stack)
+            assert third["phase"] == "aborted" and "by hand" in third["abort_reason"], describe(third)
+            time.sleep(2)
+        # every worker is back where it belongs, and no client request failed
+        assert not traffic.failures, traffic.failures
+        assert traffic.num_requests >= 50, traffic.summaries
+        assert sum(s["failed_requests"] for s in traffic.summaries) == 0, [
+            (s["failed_requests"], s["failed_by_status"]) for s in traffic.summaries]
+        time.sleep(1)
+        logged = RequestLog.objects.filter(created_at__gte=Rollout.objects.order_by("created").first().created)
+        bad = [(r.status, r.error, r.cohort) for r in logged if is_failed(r.status, r.error) or r.status >= 400]
+        assert not bad, bad
+        assert logged.filter(cohort="canary").count() > 10
+        print(f"e2e: {traffic.num_requests} client requests in {time.time() - started:.0f}s, none failed")
+    assert Rollout.objects.get(pk=third_id).canary_pool.desired_revision_id == revisions["chunked"].pk
