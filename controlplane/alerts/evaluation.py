@@ -118,10 +118,46 @@ def evaluate(now: datetime | None = None) -> CycleResult:
         )
         if rules:
             _evaluate_rules(rules, tick, result)
+        _retire_orphans(tick, result)
     if result.transitions:
         _after_commit(result)
     result.seconds = time.perf_counter() - started
     return result
+
+
+def _retire_orphans(tick: datetime, result: CycleResult) -> None:
+    """Alerts of rules switched off or deleted end now: Prometheus drops a
+    removed rule's alerts, and receivers hear they resolved."""
+    orphans = list(
+        Alert.objects.select_for_update(skip_locked=True, of=("self",))
+        .filter(Q(rule__enabled=False) | Q(rule__isnull=True, source=Alert.SOURCE_RULE))
+        .filter(Q(state__gte=State.NODATA) | Q(nodata_since__isnull=False) | Q(keep_firing_since__isnull=False))
+        .select_related("rule")
+    )
+    if not orphans:
+        return
+    writes = _Writes()
+    for row in orphans:
+        reason = "the rule was switched off" if row.rule is not None else "the rule was deleted"
+        _retire(row, reason, tick, writes, row.rule)
+    bulk.update_rows(writes.changed, ALERT_FIELDS)
+    result.num_alerts_written += len(writes.changed)
+    result.transitions += _store_transitions(writes.transitions, tick)
+
+
+def _retire(row: Alert, reason: str, tick: datetime, writes: _Writes, rule: AlertRule | None) -> None:
+    """End an alert at once, whatever its timers: firing or no data resolve,
+    pending goes back to inactive."""
+    before = State(row.state)
+    after = State.RESOLVED if before.is_notified else State.INACTIVE
+    row.state, row.active_at, row.keep_firing_since, row.nodata_since = int(after), None, None, None
+    if after == State.RESOLVED:
+        row.resolved_at = tick
+    row.flapping = False
+    row.state_changed_at = row.last_evaluated_at = tick
+    writes.changed.append(row)
+    if before != after:
+        writes.transitions.append((row, engine.Transition(before, after, tick, row.value, reason), rule))
 
 
 def _evaluate_rules(rules: list[AlertRule], tick: datetime, result: CycleResult) -> None:
@@ -171,9 +207,15 @@ def _evaluate_rules(rules: list[AlertRule], tick: datetime, result: CycleResult)
             seen.add(fp)
             _step_one(rule, spec, rows.get(fp), alert_labels, fp, sample, condition, tick, writes)
         # Active alerts whose group is gone from the data.
+        base_labels, group_keys = rule.base_labels(), rule.group_label_keys()
         for row in rows_by_rule.get(rule.pk, []):
             fp = row.fingerprint
             if fp in seen or not (row.is_active or row.nodata_since or row.keep_firing_since):
+                continue
+            if set(row.labels) != set(base_labels) | group_keys or any(
+                    row.labels.get(k) != v for k, v in base_labels.items()):
+                # The rule was edited (labels, severity, grouping): this label set is no longer its.
+                _retire(row, "the rule changed; its alerts carry other labels now", tick, writes, rule)
                 continue
             gone = (row.labels.get("worker") and row.labels["worker"] not in worker_names) or (
                 row.labels.get("pool") and row.labels["pool"] not in pool_names and rule.figure in sources.FLEET_FIGURES
@@ -193,23 +235,27 @@ def _evaluate_rules(rules: list[AlertRule], tick: datetime, result: CycleResult)
     bulk.update_rows(writes.changed, ALERT_FIELDS)
     bulk.update_rows(writes.refreshed, VALUE_FIELDS)
     result.num_alerts_written = len(created) + len(writes.changed) + len(writes.refreshed)
-    pending_transitions = writes.transitions
-    transitions = [
-        AlertTransition(alert_id=alert.pk, fingerprint=alert.fingerprint, rule_id=rule.pk,
-                        from_state=int(t.from_state), to_state=int(t.to_state), value=t.value,
-                        reason=t.reason[:200], at=t.at)
-        for alert, t, rule in pending_transitions
-    ]
-    if transitions:
-        AlertTransition.objects.bulk_create(transitions, ignore_conflicts=True)
-        _audit(pending_transitions, tick)
-    result.transitions = transitions
+    result.transitions = _store_transitions(writes.transitions, tick)
     for rule in rules:
         rule.last_evaluated_at = tick
     bulk.update_rows(rules, ["last_evaluated_at", "last_error"])
 
 
-def _audit(transitions: list[tuple[Alert, engine.Transition, AlertRule]], tick: datetime) -> None:
+def _store_transitions(made: list[tuple[Alert, engine.Transition, AlertRule | None]],
+                       tick: datetime) -> list[AlertTransition]:
+    transitions = [
+        AlertTransition(alert_id=alert.pk, fingerprint=alert.fingerprint, rule_id=rule.pk if rule else None,
+                        from_state=int(t.from_state), to_state=int(t.to_state), value=t.value,
+                        reason=t.reason[:200], at=t.at)
+        for alert, t, rule in made
+    ]
+    if transitions:
+        AlertTransition.objects.bulk_create(transitions, ignore_conflicts=True)
+        _audit(made, tick)
+    return transitions
+
+
+def _audit(transitions: list[tuple[Alert, engine.Transition, AlertRule | None]], tick: datetime) -> None:
     """One audit row per rule and outcome per cycle (firing, resolved, no
     data), listing the alerts: a storm of 500 alerts is one readable row,
     and one alert is a row that names it."""
@@ -217,15 +263,17 @@ def _audit(transitions: list[tuple[Alert, engine.Transition, AlertRule]], tick: 
     rules: dict[int, AlertRule] = {}
     for alert, t, rule in transitions:
         if t.to_state in (State.FIRING, State.RESOLVED, State.NODATA):
-            by_outcome.setdefault((rule.pk, t.to_state), []).append((alert, t))
-            rules[rule.pk] = rule
+            by_outcome.setdefault((rule.pk if rule else 0, t.to_state), []).append((alert, t))
+            if rule is not None:
+                rules[rule.pk] = rule
     for (rule_id, state), items in sorted(by_outcome.items()):
         listed = [
             {"fingerprint": a.fingerprint, "labels": a.labels, "from": t.from_state.label, "value": t.value,
              "reason": t.reason}
             for a, t in items[:AUDIT_MAX_LISTED]
         ]
-        audit.record(ACTOR, f"alert.{state.label}", rules[rule_id], None,
+        subject = rules.get(rule_id) or audit.Subject("alerts.alertrule", "", "(a deleted rule)")
+        audit.record(ACTOR, f"alert.{state.label}", subject, None,
                      {"state": state.label, "num_alerts": len(items), "alerts": listed}, time=tick)
 
 

@@ -146,6 +146,12 @@ class AlertRule(models.Model):
             labels[ACTION_LABEL] = ACTION_ABORT
         return labels
 
+    def group_label_keys(self) -> set[str]:
+        """The labels a group adds to the rule's own (see sources)."""
+        if self.compare_to:
+            return {"pool", "cohort"}
+        return set() if self.group_by == "fleet" else {self.group_by}
+
     def describe_condition(self) -> str:
         window = engine.format_duration(self.window_seconds)
         subject = f"{self.figure}[{window}]"
@@ -170,7 +176,8 @@ class Alert(models.Model):
     SOURCE_EVENT = "event"
 
     fingerprint = models.CharField(max_length=16, unique=True)
-    rule = models.ForeignKey(AlertRule, null=True, blank=True, on_delete=models.CASCADE, related_name="alerts")
+    # SET_NULL: a deleted rule's firing alerts still resolve, so receivers hear it.
+    rule = models.ForeignKey(AlertRule, null=True, blank=True, on_delete=models.SET_NULL, related_name="alerts")
     source = models.CharField(max_length=8, default=SOURCE_RULE, choices=[(SOURCE_RULE, "rule"), (SOURCE_EVENT, "event")])
     labels = models.JSONField(default=dict)
     annotations = models.JSONField(default=dict)

@@ -239,3 +239,39 @@ def test_two_evaluators_at_once_make_one_transition(clock: Any) -> None:
     assert sorted(r.num_rules for r in results) == [0, 1]
     assert AlertTransition.objects.count() == 20
     assert Alert.objects.filter(state=State.FIRING).count() == 20
+
+
+def _missing_worker_firing() -> AlertRule:
+    a = worker("w1", "gpu-a")
+    Worker.objects.filter(pk=a.pk).update(state=WorkerState.OFFLINE)
+    AlertRule.objects.filter(key="worker-missing").update(enabled=True)
+    evaluation.evaluate(at(0))
+    assert Alert.objects.get().state == State.FIRING
+    return AlertRule.objects.get(key="worker-missing")
+
+
+def test_switching_a_rule_off_resolves_its_alerts(only_my_rules: None, clock: Any) -> None:
+    rule = _missing_worker_firing()
+    AlertRule.objects.filter(pk=rule.pk).update(enabled=False)
+    evaluation.evaluate(at(15))
+    alert = Alert.objects.get()
+    assert alert.state == State.RESOLVED and alert.resolved_at == at(15)
+    assert alert.transitions.first().reason == "the rule was switched off"
+
+
+def test_deleting_a_rule_resolves_its_alerts_so_receivers_hear_it(only_my_rules: None, clock: Any) -> None:
+    rule = _missing_worker_firing()
+    rule.delete()
+    evaluation.evaluate(at(15))
+    alert = Alert.objects.get()
+    assert alert.rule is None and alert.state == State.RESOLVED
+    assert AuditEvent.objects.filter(action="alert.resolved", object_repr="(a deleted rule)").exists()
+
+
+def test_editing_a_rules_labels_resolves_the_old_label_sets_and_fires_the_new(only_my_rules: None, clock: Any) -> None:
+    rule = _missing_worker_firing()
+    rule.severity = "critical"
+    rule.save()
+    evaluation.evaluate(at(15))
+    states = {a.labels["severity"]: a.state_label for a in Alert.objects.all()}
+    assert states == {"warning": "resolved", "critical": "firing"}
