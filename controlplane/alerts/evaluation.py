@@ -296,7 +296,7 @@ class _Writes:
     created: list[Alert] = field(default_factory=list)
     changed: list[Alert] = field(default_factory=list)  # state or timers moved: every field
     refreshed: list[Alert] = field(default_factory=list)  # same state, new value: the value fields
-    transitions: list[tuple[Alert, engine.Transition, AlertRule]] = field(default_factory=list)
+    transitions: list[tuple[Alert, engine.Transition, AlertRule | None]] = field(default_factory=list)
 
 
 def _step_one(rule: AlertRule, spec: engine.Spec, row: Alert | None, labels: dict[str, str], fp: str,
