@@ -37,7 +37,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from controlplane import audit
-from controlplane.rollouts import conf, gate, measure
+from controlplane.rollouts import conf, gate, live, measure
 from controlplane.rollouts.evaluator import (
     IDLE_POLL_SECONDS,
     WORKER_POLL_SECONDS,
@@ -165,7 +165,7 @@ def tick(rollout_id: int, token: str | None = None, *, now: datetime | None = No
         now = now or timezone.now()
         world = observe(rollout, now)
         decision = evaluate(rollout.state(), world, now)
-        apply(rollout, decision, now)
+        notices = apply(rollout, decision, now)
         failed = False
         if decision.action is not None and decision.action.kind != Act.RUN_GATE:
             error = perform(rollout, decision.action, world, now)
@@ -185,6 +185,11 @@ def tick(rollout_id: int, token: str | None = None, *, now: datetime | None = No
         rollout.next_run_at = None if rollout.is_finished else now + timedelta(seconds=hold)
         rollout.updated_at = now
         rollout.save()
+        # After the action's own on-commit work (the gateways' routing notice
+        # above all): pages and pagers may wait, the gateways may not.
+        rollout.changed()
+        for kind, message in notices:
+            live.notify(rollout, kind, message)
         awaiting = None
         if decision.wait == Wait.ACKS:
             table = rollout.routing_table
@@ -243,7 +248,9 @@ def analysis_view(rollout: Rollout) -> AnalysisView | None:
 # ---- applying a decision -------------------------------------------------------------------
 
 
-def apply(rollout: Rollout, d: Decision, now: datetime) -> None:
+def apply(rollout: Rollout, d: Decision, now: datetime) -> list[tuple[str, str]]:
+    """Write the decision's status, flags and timeline onto the row (not
+    saved). Returns the (kind, message) of each event, for notifications."""
     before = Phase(rollout.phase)
     if d.terminate_analysis:
         run = rollout.current_analysis()
@@ -275,9 +282,7 @@ def apply(rollout: Rollout, d: Decision, now: datetime) -> None:
         if event.kind in AUDITED_EVENTS:
             audit.record(rollout.actor, f"rollout.{event.kind}", rollout, {"phase": before.label},
                          {"phase": d.phase.label, "step_index": d.step_index, "message": event.message}, time=now)
-        from controlplane.rollouts import live
-
-        live.notify(rollout, event.kind, event.message)
+    return [(event.kind, event.message) for event in d.events]
 
 
 def perform(rollout: Rollout, action: Action, world: World, now: datetime) -> str | None:
@@ -458,6 +463,7 @@ def run_gate(rollout_id: int, attempt: int) -> bool:
         rollout.record(kind, f"consistency gate {'passed' if outcome.passed else 'failed'}: {outcome.message}",
                        data=details, now=now)
         audit.record(rollout.actor, f"rollout.{kind}", rollout, None, details, time=now)
+        rollout.changed()
     return True
 
 
@@ -468,4 +474,5 @@ def _gate_error(rollout_id: int, attempt: int, message: str) -> bool:
             rollout.last_error = f"consistency gate: {message}"
             rollout.save(update_fields=["last_error"])
             rollout.record("action_failed", f"the consistency gate could not run: {message}")
+            rollout.changed()
     return False

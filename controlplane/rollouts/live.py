@@ -29,8 +29,8 @@ def group_for(rollout_id: int) -> str:
     return f"rollout-{rollout_id}"
 
 
-def rollout_changed(rollout_id: int, event_id: int | None = None) -> None:
-    message = {"type": ROLLOUT_CHANGED, "rollout_id": rollout_id, "event_id": event_id}
+def rollout_changed(rollout_id: int) -> None:
+    message = {"type": ROLLOUT_CHANGED, "rollout_id": rollout_id}
     transaction.on_commit(lambda: _send([group_for(rollout_id), LIST_GROUP], message))
 
 

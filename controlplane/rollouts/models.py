@@ -390,6 +390,7 @@ class Rollout(models.Model):
             rollout.record("created", f"{'rollback' if fast_track else 'rollout'} of {stable_pool.name} from "
                                       f"{stable_revision} to {target_revision} created", actor_name(actor), now=now)
             rollout.kick()
+            rollout.changed()
         return rollout
 
     def rollback(self, actor: Actor, *, now: datetime | None = None) -> Rollout:
@@ -422,7 +423,8 @@ class Rollout(models.Model):
             audit.record(actor, "rollout.abort", self, {"abort_requested": False},
                          {"abort_requested": True, "reason": reason, "source": source})
             self.record("abort_requested", text, who, data={"reason": reason, "source": source})
-            self.kick()
+            self.kick()  # first: the reconciler must not wait for a page to be told
+            self.changed()
         return True
 
     def request(self, flag: str, actor: Actor) -> None:
@@ -447,6 +449,7 @@ class Rollout(models.Model):
             audit.record(actor, f"rollout.{flag}", self, {field: False}, {field: True})
             self.record(f"{flag}_requested", f"{verb} requested by {actor_name(actor)}", actor_name(actor))
             self.kick()
+            self.changed()
 
     def kick(self) -> None:
         """Reconcile now (after this transaction commits)."""
@@ -458,15 +461,18 @@ class Rollout(models.Model):
     # ---- the timeline ----------------------------------------------------------------
     def record(self, kind: str, message: str, actor: str = "", *, data: dict[str, Any] | None = None,
                now: datetime | None = None) -> RolloutEvent:
-        """One timeline entry; pushed to live pages after commit."""
-        from controlplane.rollouts import live
-
-        event = RolloutEvent.objects.create(
+        """One timeline entry. Callers push the change to live pages once per
+        transaction (``changed()``), after whatever else must go out first."""
+        return RolloutEvent.objects.create(
             rollout=self, time=now or timezone.now(), kind=kind, message=message[:2000],
             actor=actor or self.actor, phase=self.phase, step_index=self.step_index, data=data or {},
         )
-        live.rollout_changed(self.pk, event.pk)
-        return event
+
+    def changed(self) -> None:
+        """Live pages re-render this rollout after the transaction commits."""
+        from controlplane.rollouts import live
+
+        live.rollout_changed(self.pk)
 
     def current_analysis(self) -> AnalysisRun | None:
         return self.analysis_runs.filter(attempt=self.attempt, step_index=self.step_index).first()
