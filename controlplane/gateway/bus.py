@@ -179,11 +179,15 @@ def wait_for_acks(table_id: int, epoch: int, timeout_seconds: float) -> AckStatu
     """Block until every live gateway acks ``epoch`` of the table, or the time
     is up; returns the last status either way (check ``complete``).
 
-    Subscribes before the first look, so an ack that lands in between still
-    wakes it; re-reads on every ack and at least every 50 ms, so a gateway
-    that dies meanwhile drops out as soon as its record expires."""
+    Looks first (gateways often ack before the caller gets here); otherwise
+    subscribes and looks again, so an ack that lands in between still wakes
+    it, then re-reads on every ack and at least every 50 ms, so a gateway that
+    dies meanwhile drops out as soon as its record expires."""
     conn = client()
     deadline = time.monotonic() + timeout_seconds
+    status = ack_status(table_id, epoch, conn)
+    if status.complete or timeout_seconds <= 0:
+        return status
     pubsub = conn.pubsub(ignore_subscribe_messages=True)
     try:
         pubsub.subscribe(acks_channel())

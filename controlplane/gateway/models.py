@@ -134,7 +134,7 @@ class RoutingTable(models.Model):
             for m in changed:
                 m.weight_bp = new_weights[m.pk]
             RoutingPool.objects.bulk_update(changed, ["weight_bp"])
-            table._bump(now)
+            table._bump(now, members)
             audit.record(actor, "routing.set_weights", table, before, {**table.describe(members), "reason": reason},
                          time=now)
         self._refresh_from(table)
@@ -178,7 +178,7 @@ class RoutingTable(models.Model):
             )
             if salt is not None:
                 table.salt = salt
-            table._bump(now)
+            table._bump(now, list(table.pools.select_related("pool")))
             audit.record(actor, "routing.configure", table, before, {**table.describe(), "reason": reason}, time=now)
         self._refresh_from(table)
         return table.epoch
@@ -197,15 +197,21 @@ class RoutingTable(models.Model):
             audit.record(actor, "routing.create", table, None, table.describe([]))
         return table
 
-    def _bump(self, now: datetime) -> None:
-        """Called inside the transaction holding this row's lock."""
+    def _bump(self, now: datetime, members: list[RoutingPool]) -> None:
+        """Called inside the transaction holding this row's lock, with the
+        table's pools as they will be committed. The notice carries them, so
+        a gateway applies a weight change without a database round trip."""
         self.epoch += 1
         self.updated_at = now
         self.save(update_fields=["epoch", "updated_at", "salt"])
-        table_id, model, epoch = self.pk, self.model, self.epoch
-        transaction.on_commit(
-            lambda: bus.publish_notice(bus.NOTICE_ROUTING, table=table_id, model=model, epoch=epoch)
-        )
+        notice = {
+            "table": self.pk,
+            "model": self.model,
+            "epoch": self.epoch,
+            "salt": self.salt,
+            "pools": [{"pool": m.pool_id, "role": m.role, "weight_bp": m.weight_bp} for m in members],
+        }
+        transaction.on_commit(lambda: bus.publish_notice(bus.NOTICE_ROUTING, **notice))
 
     def _refresh_from(self, table: RoutingTable) -> None:
         self.epoch, self.salt, self.updated_at = table.epoch, table.salt, table.updated_at

@@ -47,6 +47,8 @@ from controlplane.gateway.state import (
     TableTarget,
     WorkerTarget,
     build_table,
+    newest,
+    with_table_update,
 )
 
 log = logging.getLogger(__name__)
@@ -148,6 +150,7 @@ class Refresher:
         self.heartbeat_seconds = heartbeat_seconds
         self.redis_url = redis_url
         self._wake = asyncio.Event()
+        self._ack_lock = asyncio.Lock()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gateway-db")
         self._tasks: list[asyncio.Task[None]] = []
         self.num_loads = 0
@@ -185,13 +188,35 @@ class Refresher:
         self._wake.set()
 
     async def _reload(self) -> None:
-        state = await asyncio.get_running_loop().run_in_executor(self._executor, self.load)
-        self.holder.swap(state)
+        loaded = await asyncio.get_running_loop().run_in_executor(self._executor, self.load)
+        self.holder.swap(newest(loaded, self.holder.current))
         self.num_loads += 1
+        await self._ack()
+
+    async def _ack(self) -> None:
+        """Ack what the holder has now. Serialized, and always the current
+        state, so the acks a gateway publishes never go backwards."""
+        async with self._ack_lock:
+            epochs = self.holder.current.epochs()
+            try:
+                await self.presence.ack(epochs)
+            except Exception:  # noqa: BLE001 - the heartbeat retries; the state is applied regardless
+                log.warning("could not ack epochs %s", epochs, exc_info=True)
+
+    def on_notice(self, data: bytes | str) -> None:
+        """A routing change that carries its table is applied at once; every
+        notice also wakes a full reload (workers, keys, new tables)."""
         try:
-            await self.presence.ack(state.epochs())
-        except Exception:  # noqa: BLE001 - the heartbeat retries; the state is applied regardless
-            log.warning("could not ack epochs %s", state.epochs(), exc_info=True)
+            notice = json.loads(data)
+        except ValueError:
+            notice = None
+        if isinstance(notice, dict) and notice.get("kind") == bus.NOTICE_ROUTING and "pools" in notice:
+            updated = with_table_update(self.holder.current, notice)
+            if updated is not None:
+                self.holder.swap(updated)
+                self._tasks.append(asyncio.ensure_future(self._ack()))
+                self._tasks = [t for t in self._tasks if not t.done()]
+        self.wake()
 
     async def _reload_loop(self) -> None:
         while True:
@@ -213,8 +238,8 @@ class Refresher:
             try:
                 await pubsub.subscribe(bus.notices_channel())
                 self.wake()  # anything missed while unsubscribed
-                async for _message in pubsub.listen():
-                    self.wake()
+                async for message in pubsub.listen():
+                    self.on_notice(message.get("data", b""))
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 - polling covers the gap
