@@ -317,18 +317,16 @@ def histogram_quantiles(q: float, bounds: Sequence[float], counts: Floats) -> Fl
         raise ValueError("bounds must be strictly ascending (merge equal bounds first)")
     # The envelope, ignoring float-noise differences (see histogram_quantile).
     prev = counts[0].copy()
-    for i in range(1, num_buckets):
-        curr = counts[i]
-        abs_sum = np.abs(prev) + np.abs(curr)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            almost = np.where(
-                (prev == 0) | (curr == 0) | (abs_sum < _MIN_NORMAL),
-                np.abs(prev - curr) < SMALL_DELTA_TOLERANCE * _MIN_NORMAL,
-                np.abs(prev - curr) / abs_sum < SMALL_DELTA_TOLERANCE,
-            )
-        fix = (curr != prev) & (almost | (curr < prev))
-        counts[i] = np.where(fix, prev, curr)
-        prev = np.where(fix | (curr == prev), prev, curr)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for i in range(1, num_buckets):
+            curr = counts[i]
+            diff = np.abs(prev - curr)
+            abs_sum = np.abs(prev) + np.abs(curr)
+            tiny = (prev == 0) | (curr == 0) | (abs_sum < _MIN_NORMAL)
+            almost = np.where(tiny, diff < SMALL_DELTA_TOLERANCE * _MIN_NORMAL, diff < SMALL_DELTA_TOLERANCE * abs_sum)
+            fix = (curr != prev) & (almost | (curr < prev))
+            counts[i] = np.where(fix, prev, curr)
+            prev = np.where(fix, prev, curr)
     observations = counts[-1]
     rank = q * observations
     reached = counts[:-1] >= rank  # [num_buckets - 1, num]
