@@ -186,9 +186,10 @@ def record(now: datetime, parsed: Sequence[tuple[Fetched, catalogue.Scrape | Non
         rollups: list[Rollup] = []
         resets: list[CounterReset] = []
         changed: list[Target] = []
-        for (_, scrape), target in zip(ok, targets, strict=True):
+        for (fetched, scrape), target in zip(ok, targets, strict=True):
             if target.num_samples and target.last_at >= now:
                 continue  # another round already stored a later sample
+            target.worker_id = fetched.job.worker_id  # a worker re-created under its old name
             layout = scrape.layout
             previous = unpack(target.last_raw) if target.num_samples else None
             offsets = unpack(target.offsets) if target.num_samples else None
@@ -231,7 +232,7 @@ def record(now: datetime, parsed: Sequence[tuple[Fetched, catalogue.Scrape | Non
         CounterReset.objects.bulk_create(resets)
         Target.objects.bulk_update(
             changed,
-            ["num_samples", "num_rollups", "rollup_minute", "rollup_peak_bytes", "rollup_num_samples",
+            ["worker", "num_samples", "num_rollups", "rollup_minute", "rollup_peak_bytes", "rollup_num_samples",
              "last_raw", "offsets", "last_at"],
         )
         return _record_status(now, parsed)
