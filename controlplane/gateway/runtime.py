@@ -358,15 +358,44 @@ class LogWriter(threading.Thread):
         return True
 
 
+# RequestLog's columns in the order _values() gives them.
+COLUMNS = (
+    "request_id", "created_at", "model", "cohort", "pool_id", "worker_id", "profile_revision_id", "api_key_id",
+    "prompt_tokens", "cached_tokens", "output_tokens", "ttft_seconds", "max_gap_seconds", "tpot_seconds",
+    "e2e_seconds", "status", "error", "stream",
+)
+
+
+def _values(r: RequestRecord) -> tuple[Any, ...]:
+    return (
+        r.request_id, _datetime(r.created_at), r.model, r.cohort, r.pool_id, r.worker_id, r.profile_revision_id,
+        r.api_key_id, r.prompt_tokens, r.cached_tokens, r.output_tokens, r.ttft_seconds, r.max_gap_seconds,
+        r.tpot_seconds, r.e2e_seconds, r.status, r.error, r.stream,
+    )
+
+
 def write_records(batch: list[RequestRecord]) -> None:
+    """Insert the rows: with COPY on PostgreSQL (building ORM objects cost
+    the gateway about 90 µs of CPU per row, which it shares with the event
+    loop), bulk_create elsewhere."""
+    from django.db import connection, transaction
+
     from controlplane.gateway.models import ClientKey, RequestLog
 
-    rows = [_row(r) for r in batch]
     try:
-        RequestLog.objects.bulk_create(rows)
+        if connection.vendor == "postgresql":
+            with transaction.atomic():  # the deferred foreign keys are checked here
+                with connection.cursor() as cursor:
+                    table = connection.ops.quote_name(RequestLog._meta.db_table)
+                    with cursor.cursor.copy(f"COPY {table} ({', '.join(COLUMNS)}) FROM STDIN") as copy:
+                        for r in batch:
+                            copy.write_row(_values(r))
+        else:
+            RequestLog.objects.bulk_create([_row(r) for r in batch])
     except IntegrityError:
         # A worker, pool, revision or key was deleted since the snapshot: keep
         # the rows, without the references that no longer exist.
+        rows = [_row(r) for r in batch]
         _drop_dangling(rows)
         RequestLog.objects.bulk_create(rows)
     last_used: dict[int, float] = {}
@@ -384,26 +413,7 @@ def _datetime(unix: float) -> datetime:
 def _row(r: RequestRecord) -> Any:
     from controlplane.gateway.models import RequestLog
 
-    return RequestLog(
-        request_id=r.request_id,
-        created_at=_datetime(r.created_at),
-        model=r.model,
-        cohort=r.cohort,
-        pool_id=r.pool_id,
-        worker_id=r.worker_id,
-        profile_revision_id=r.profile_revision_id,
-        api_key_id=r.api_key_id,
-        prompt_tokens=r.prompt_tokens,
-        cached_tokens=r.cached_tokens,
-        output_tokens=r.output_tokens,
-        ttft_seconds=r.ttft_seconds,
-        max_gap_seconds=r.max_gap_seconds,
-        tpot_seconds=r.tpot_seconds,
-        e2e_seconds=r.e2e_seconds,
-        status=r.status,
-        error=r.error,
-        stream=r.stream,
-    )
+    return RequestLog(**dict(zip(COLUMNS, _values(r), strict=True)))  # attnames: pool_id=, worker_id=, ...
 
 
 def _drop_dangling(rows: list[Any]) -> None:
