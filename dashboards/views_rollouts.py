@@ -159,6 +159,7 @@ def rollout_action(request: HttpRequest, pk: int, verb: str) -> HttpResponse:
         raise Http404(f"no action {verb}")
     rollout = get_object_or_404(base_queryset(), pk=pk)
     flag = BUTTONS[verb][0]
+    error = False
     try:
         if verb == "abort":
             reason = request.POST.get("reason", "").strip()[:500]
@@ -167,13 +168,21 @@ def rollout_action(request: HttpRequest, pk: int, verb: str) -> HttpResponse:
         elif verb == "rollback":
             back = rollout.rollback(request.user)
             messages.success(request, f"Rollback started: rollout {back.pk}.")
-            return redirect("rollout-detail", pk=back.pk)
+            response = redirect("rollout-detail", pk=back.pk)
+            if request.htmx:  # a new page: let htmx navigate there
+                response = HttpResponse(status=204, headers={"HX-Redirect": response["Location"]})
+            return response
         else:
             rollout.request(flag, request.user)
     except ValidationError as exc:
-        messages.error(request, " ".join(exc.messages))
+        text, error = " ".join(exc.messages), True
     else:
-        messages.success(request, f"{BUTTONS[verb][1]} requested.")
+        text = f"{BUTTONS[verb][1]} requested; the reconciler acts on it."
+    if request.htmx:
+        rollout = base_queryset().get(pk=pk)
+        return render(request, "rollouts/partials/live.html",
+                      {**detail_context(rollout), "action_message": text, "action_error": error})
+    (messages.error if error else messages.success)(request, text)
     return redirect("rollout-detail", pk=pk)
 
 

@@ -74,7 +74,7 @@ def test_the_detail_shows_steps_weights_timeline_and_verdicts_with_chart_data(fl
     # buttons that fit a pending rollout, each asking for confirmation
     for verb in ("abort", "promote-full"):
         assert f'data-action="{verb}"' in html
-    assert 'data-action="retry"' not in html and "return confirm(" in html
+    assert 'data-action="retry"' not in html and 'hx-confirm="Abort this rollout?' in html
 
 
 def test_the_live_partial_is_served_alone_for_htmx(fleet) -> None:
@@ -124,3 +124,11 @@ def test_new_rollout_shows_field_errors(fleet) -> None:
     assert reply.status_code == 200
     assert 'data-field-error="canary_pool"' in html and 'data-field-error="stable_pool"' in html
     assert not Rollout.objects.exists()
+
+
+def test_an_htmx_button_answers_with_the_live_part(fleet) -> None:
+    r = rollout_of(fleet)
+    reply = client_for(Role.OPERATOR).post(f"/rollouts/{r.pk}/promote/", HTTP_HX_REQUEST="true")
+    html = reply.content.decode()
+    assert reply.status_code == 200 and html.lstrip().startswith('<div id="rollout-live"')
+    assert "cannot promote a rollout that is pending" in html and 'class="error"' in html
