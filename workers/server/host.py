@@ -215,6 +215,13 @@ class EngineHost:
             self.check_profile(target.profile)
             previous = self.running
             started = time.monotonic()
+            if target.profile == previous.profile and self.engine is not None:
+                # The same knobs under another name or revision (often the
+                # pool's revision matching the command line's profile at
+                # start): adopt the name, rebuild nothing.
+                self.last_apply_error = None
+                self._engine_ready(target)
+                return
             if await self._apply_live(target):
                 log.info("applied profile %s r%s between two steps", target.name, target.revision)
                 return

@@ -159,3 +159,17 @@ def test_an_engine_that_fails_to_build_leaves_the_last_profile_serving(make_host
         await host.shutdown()
 
     asyncio.run(scenario())
+
+
+def test_the_same_knobs_under_a_new_revision_are_adopted_without_a_rebuild(make_host):
+    async def scenario():
+        host = make_host()
+        await host.start()
+        engine = host.engine
+        ticket = host.admit(["a"])
+        await host.apply(RunningProfile(BASE, 11, "same", 5))
+        assert host.engine is engine and host.running.revision_id == 11 and host.state == READY
+        ticket.release()
+        await host.shutdown()
+
+    asyncio.run(scenario())
