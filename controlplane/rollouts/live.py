@@ -8,7 +8,9 @@ work does not depend on a browser or a webhook being there.
   detail page and the rollout list — handled by the consumer's
   ``rollout_changed()``.
 * ``notify``: an abort, a pause or a completion becomes an Alertmanager-style
-  event through the alerts app's ``notify_event`` (webhook receivers).
+  event through the alerts app's ``notify_event``, which routes it to its
+  receivers (webhooks with Alertmanager's payload): RolloutAborted
+  (critical), RolloutPaused (warning), RolloutCompleted (info).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ log = logging.getLogger(__name__)
 LIST_GROUP = "rollouts"
 ROLLOUT_CHANGED = "rollout.changed"  # handled by the consumer's rollout_changed()
 NOTIFIED_KINDS = {"aborted": "critical", "paused": "warning", "succeeded": "info"}
+EVENT_NAMES = {"aborted": "RolloutAborted", "paused": "RolloutPaused", "succeeded": "RolloutCompleted"}
 
 
 def group_for(rollout_id: int) -> str:
@@ -61,9 +64,12 @@ def event_payload(rollout: Any, kind: str, message: str) -> dict[str, Any]:
     from django.urls import reverse
 
     labels = {
-        "alertname": f"Rollout{kind.capitalize()}",
+        "alertname": EVENT_NAMES[kind],
         "severity": NOTIFIED_KINDS[kind],
         "rollout": str(rollout.pk),
+        # each pause (step, attempt) is an occurrence of its own
+        "step": str(rollout.step_index + 1),
+        "attempt": str(rollout.attempt),
         "pool": rollout.stable_pool.name,
         "canary_pool": rollout.canary_pool.name,
         "model": rollout.routing_table.model,

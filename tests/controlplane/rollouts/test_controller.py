@@ -12,6 +12,7 @@ import pytest
 import time_machine
 from django.utils import timezone
 
+from controlplane.alerts.models import Alert
 from controlplane.audit.models import AuditEvent
 from controlplane.gateway.models import RequestLog
 from controlplane.rollouts import controller
@@ -158,16 +159,19 @@ def test_a_regression_fails_the_analysis_and_aborts_with_its_numbers(clock, flee
     assert canary_pool.desired_revision_id == fleet.stable_revision.pk
 
 
-def test_too_few_samples_pause_for_a_person_and_promote_accepts(clock, fleet) -> None:
+def test_too_few_samples_pause_for_a_person_and_promote_accepts(clock, fleet,
+                                                               django_capture_on_commit_callbacks) -> None:
     template(inconclusive_limit=0)
     r = start(fleet, [{"set_weight": 1000}, {"analysis": {"template": "quick"}}, {"set_weight": 2000}, {"pause": {}}])
     follow(fleet)
     controller.drive(r.pk)
     traffic(fleet, canary_ttft=9.0, n=3)  # awful, but only 3 requests: never a failure
     follow(fleet)
-    controller.drive(r.pk)
+    with django_capture_on_commit_callbacks(execute=True):
+        controller.drive(r.pk)
     r = reload(r)
     assert r.phase == Phase.PAUSED and "inconclusive" in r.message
+    assert Alert.objects.get(labels__alertname="RolloutPaused", labels__rollout=str(r.pk)).labels["step"] == "2"
     assert r.pause_conditions[0]["reason"] == "inconclusive_analysis"
     r.request("promote", "tester")
     controller.drive(r.pk)
@@ -175,7 +179,8 @@ def test_too_few_samples_pause_for_a_person_and_promote_accepts(clock, fleet) ->
     assert (r.phase, r.step_index) == (Phase.PAUSED, 3) and table_weights(fleet.table)["canary"] == 2000
 
 
-def test_abort_sets_canary_weight_to_zero_before_the_canary_moves(clock, fleet) -> None:
+def test_abort_sets_canary_weight_to_zero_before_the_canary_moves(clock, fleet,
+                                                                 django_capture_on_commit_callbacks) -> None:
     r = settle(fleet, start(fleet, [{"set_weight": 2500}, {"pause": {}}]))
     assert r.phase == Phase.PAUSED and table_weights(fleet.table)["canary"] == 2500, (r.message, kinds(r))
     assert r.request_abort("tester", "looks slow", source="ui")
@@ -188,9 +193,14 @@ def test_abort_sets_canary_weight_to_zero_before_the_canary_moves(clock, fleet) 
                                                                                  events.index("aborting"))
     assert r.phase == Phase.ABORTING and "canary workers" in r.message
     follow(fleet)
-    controller.drive(r.pk)
+    with django_capture_on_commit_callbacks(execute=True):
+        controller.drive(r.pk)
     r = reload(r)
     assert r.phase == Phase.ABORTED and "looks slow" in r.message
+    # receivers hear of it: an Alertmanager-style event through the alerts app
+    notice = Alert.objects.get(labels__alertname="RolloutAborted", labels__rollout=str(r.pk))
+    assert notice.labels["severity"] == "critical" and "looks slow" in notice.annotations["description"]
+    assert notice.annotations["dashboard_url"].endswith(f"/rollouts/{r.pk}/")
     assert not r.abort_requested
     audit = AuditEvent.objects.get(action="rollout.abort", object_id=str(r.pk))
     assert audit.actor_repr == "tester" and audit.after["source"] == "ui"
