@@ -301,6 +301,8 @@ class _Writes:
 
 def _step_one(rule: AlertRule, spec: engine.Spec, row: Alert | None, labels: dict[str, str], fp: str,
               sample: sources.Sample, condition: bool | None, tick: datetime, writes: _Writes) -> None:
+    if row is None and condition is False:
+        return  # quiet and never alerted (most groups, most cycles): nothing to step or remember
     before = row.engine_state() if row is not None else engine.AlertState()
     after, transition = engine.step(spec, before, condition, sample.value, tick)
     if row is None and after == engine.AlertState(value=after.value):

@@ -8,11 +8,11 @@ windows, so this reads instead:
 * scraped figures: each window's first/last snapshots of every target once
   (the query layer's own ``_point_windows``, no selector), then selects and
   groups them in memory — a selector is a filter on the target's labels,
-  exactly as the query layer applies it in SQL. Groups of one target (every
-  worker group, nearly always) are stacked along the points axis and
-  computed in one vectorised call per figure: the figure arithmetic is
-  pointwise, so each row comes out as it would alone. Groups of several
-  targets go through ``figures.Group`` one by one, as the query layer does.
+  exactly as the query layer applies it in SQL. The groups are then stacked
+  along the points axis (group i is row i; a group's j-th target is layer
+  j) and each figure is computed in one vectorised call: the figure
+  arithmetic is pointwise and reads NaN as no data, so each row comes out
+  as it would alone.
 * request-log figures: the log over the longest window asked for, once
   (and between cycles only the rows that arrived since: ``request_log``);
   each figure's window arithmetic (``_per_window``) takes the rows inside
@@ -91,28 +91,38 @@ class Reader:
             grouped.setdefault(query.FLEET, [])
         out: Values = {f.name: {} for f in chosen}
 
-        # Groups of one target, stacked per layout: one row per group.
-        singles: dict[str, list[tuple[str, TargetWindows]]] = defaultdict(list)
+        # Groups whose targets share a layout, stacked: group i is row i, and
+        # its j-th target sits in layer j (rows of groups with fewer targets
+        # are NaN there, which every figure reads as "no data", as it reads a
+        # target with fewer than two samples). One call per figure and layout.
+        by_layout: dict[str, list[tuple[str, list[TargetWindows]]]] = defaultdict(list)
         for group, tws in grouped.items():
-            if len(tws) == 1:
-                singles[tws[0].layout.digest].append((group, tws[0]))
-        for members in singles.values():
-            stacked = TargetWindows(
-                labels={},
-                layout=members[0][1].layout,
-                increases=np.vstack([tw.increases for _, tw in members]),
-                peak_memory=np.concatenate([tw.peak_memory for _, tw in members]),
-                range_seconds=window,
-            )
-            batch = figures.Group([stacked], len(members))
+            digests = {tw.layout.digest for tw in tws}
+            if len(digests) == 1:
+                by_layout[digests.pop()].append((group, tws))
+        for members in by_layout.values():
+            layout = members[0][1][0].layout
+            num_layers = max(len(tws) for _, tws in members)
+            layers = []
+            for j in range(num_layers):
+                increases = np.full((len(members), len(layout)), np.nan)
+                peak = np.full(len(members), np.nan)
+                for i, (_, tws) in enumerate(members):
+                    if j < len(tws):
+                        increases[i] = tws[j].increases[0]
+                        peak[i] = tws[j].peak_memory[0]
+                layers.append(TargetWindows(labels={}, layout=layout, increases=increases, peak_memory=peak,
+                                            range_seconds=window))
+            batch = figures.Group(layers, len(members))
             for f in chosen:
                 values = f.from_group(batch)
                 for (group, _), value in zip(members, values, strict=True):
                     out[f.name][group] = _clean(value)
 
-        # The rest one by one.
+        # Groups mixing layouts (a worker that changed engine in the window), and
+        # the fleet's empty group, one by one as the query layer does.
         for group, tws in grouped.items():
-            if len(tws) != 1:
+            if len({tw.layout.digest for tw in tws}) != 1:
                 one = figures.Group(tws, 1)
                 for f in chosen:
                     out[f.name][group] = _clean(f.from_group(one)[0])

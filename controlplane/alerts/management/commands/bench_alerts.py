@@ -56,6 +56,8 @@ class Command(BaseCommand):
         parser.add_argument("--keep", action="store_true", help="leave the generated data in place")
         parser.add_argument("--seed", type=int, default=11)
         parser.add_argument("--profile", action="store_true", help="print where the steady cycles spend their time")
+        parser.add_argument("--healthy", action="store_true",
+                            help="thresholds nothing crosses: a quiet fleet (default: a storm, ~2000 alerts active)")
 
     def handle(self, *args: Any, **opts: Any) -> None:
         if connection.vendor != "postgresql":
@@ -75,7 +77,7 @@ class Command(BaseCommand):
             rows = metrics.generate(data_end, opts["workers"], 1.0, 5.0, opts["seed"])
             num_requests = self.generate_requests(data_end, opts["seed"])
             self.routing_table()
-            rules = self.make_rules(opts["rules"], opts["seed"])
+            rules = self.make_rules(opts["rules"], opts["seed"], healthy=opts["healthy"])
             if connection.vendor == "postgresql":
                 with connection.cursor() as cursor:
                     for table in ("metrics_snapshot", "metrics_rollup", "gateway_requestlog", "alerts_alert"):
@@ -133,7 +135,7 @@ class Command(BaseCommand):
         RequestLog.objects.bulk_create(rows, batch_size=5000)
         return count
 
-    def make_rules(self, count: int, seed: int) -> int:
+    def make_rules(self, count: int, seed: int, *, healthy: bool = False) -> int:
         """A mix an operator might write: every figure kind, window, grouping."""
         rng = np.random.default_rng(seed)
         figures = itertools.cycle(SCRAPED + REQUESTS + FLEET)
@@ -158,6 +160,8 @@ class Command(BaseCommand):
                 fields.update(group_by="pool", selector={"cohort": "canary"}, compare_to="stable", threshold=1.1,
                               action="abort_rollout", severity="critical")
             fields.setdefault("threshold", float(rng.choice([0.0, 0.05, 0.5, 1.0])))
+            if healthy:
+                fields.update(threshold=1e6, no_data_state="ok")
             rule = AlertRule(name=f"{RULE_PREFIX}{i:03d}", **fields)
             rule.full_clean()
             made.append(rule)
