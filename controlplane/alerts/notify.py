@@ -167,6 +167,9 @@ def _wake_dispatcher() -> None:
 def to_out(alert: Alert) -> OutAlert:
     state = State(alert.state)
     annotations = alert.live_annotations()
+    for key in ("dashboard_url", "runbook_url"):
+        if annotations.get(key, "").startswith("/"):  # a page of this UI: absolute for the receiver
+            annotations[key] = conf.external_url() + annotations[key]
     if state == State.NODATA:
         annotations["nodata"] = "the figure has no data; the rule counts that as its own state"
     return OutAlert(

@@ -90,6 +90,7 @@ def test_a_worker_missing_alert_reaches_the_webhook_as_alertmanager_v4(shipped_r
     assert parse_datetime(alert["startsAt"]) == T0
     assert alert["endsAt"] == "0001-01-01T00:00:00Z"
     assert alert["generatorURL"] == f"https://chunkpilot.example/alerts/{stored.pk}/"
+    assert alert["annotations"]["dashboard_url"] == "https://chunkpilot.example/"  # the rule says "/"
     assert Alert.objects.get().last_notified_at == T0 + timedelta(seconds=30)
 
 
