@@ -14,9 +14,10 @@ from typing import Any
 from django import forms
 from django.contrib import messages
 from django.core.exceptions import ValidationError
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.loader import render_to_string
+from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from controlplane.accounts.roles import Role
@@ -28,6 +29,7 @@ from controlplane.rollouts import steps as plan
 from controlplane.rollouts.evaluator import Phase
 from controlplane.rollouts.models import AnalysisTemplate, Rollout
 from dashboards.access import role_required
+from dashboards.views import HtmxHttpRequest
 
 LIST_LIMIT = 200
 TIMELINE_LIMIT = 300
@@ -86,8 +88,9 @@ def detail_context(rollout: Rollout, user_context: dict[str, Any] | None = None)
 
 
 def weight_rows(rollout: Rollout) -> list[dict[str, Any]]:
+    baseline = rollout.baseline_pool
     pools = {"canary": rollout.canary_pool.name, "stable": rollout.stable_pool.name,
-             "baseline": rollout.baseline_pool.name if rollout.baseline_pool_id else ""}
+             "baseline": baseline.name if baseline is not None else ""}
     order = ["canary", "baseline", "stable"]
     return [
         {"role": role, "pool": pools.get(role, ""), "bp": bp, "percent": bp / 100}
@@ -110,7 +113,7 @@ def run_context(run: Any) -> dict[str, Any]:
             display, unit = "number", ""
         canary, baseline = [], []
         for m in measurements:
-            verdict = next((v for v in m.verdicts if v.get("metric") == name), {})
+            verdict: dict[str, Any] = next((v for v in m.verdicts if v.get("metric") == name), {})
             canary.append(verdict.get("canary"))
             baseline.append(verdict.get("baseline"))
         charts.append({
@@ -136,7 +139,7 @@ def render_detail_push(rollout_id: int, user_context: dict[str, Any]) -> str | N
 
 # ---- pages ---------------------------------------------------------------------
 @role_required(Role.VIEWER)
-def rollout_list(request: HttpRequest) -> HttpResponse:
+def rollout_list(request: HtmxHttpRequest) -> HttpResponse:
     context = list_context()
     if request.htmx:
         return render(request, "rollouts/partials/rows.html", context)
@@ -144,7 +147,7 @@ def rollout_list(request: HttpRequest) -> HttpResponse:
 
 
 @role_required(Role.VIEWER)
-def rollout_detail(request: HttpRequest, pk: int) -> HttpResponse:
+def rollout_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     rollout = get_object_or_404(base_queryset(), pk=pk)
     context = detail_context(rollout)
     if request.htmx:
@@ -154,7 +157,7 @@ def rollout_detail(request: HttpRequest, pk: int) -> HttpResponse:
 
 @require_POST
 @role_required(Role.OPERATOR)
-def rollout_action(request: HttpRequest, pk: int, verb: str) -> HttpResponse:
+def rollout_action(request: HtmxHttpRequest, pk: int, verb: str) -> HttpResponse:
     if verb not in BUTTONS:
         raise Http404(f"no action {verb}")
     rollout = get_object_or_404(base_queryset(), pk=pk)
@@ -168,10 +171,10 @@ def rollout_action(request: HttpRequest, pk: int, verb: str) -> HttpResponse:
         elif verb == "rollback":
             back = rollout.rollback(request.user)
             messages.success(request, f"Rollback started: rollout {back.pk}.")
-            response = redirect("rollout-detail", pk=back.pk)
+            location = reverse("rollout-detail", args=[back.pk])
             if request.htmx:  # a new page: let htmx navigate there
-                response = HttpResponse(status=204, headers={"HX-Redirect": response["Location"]})
-            return response
+                return HttpResponse(status=204, headers={"HX-Redirect": location})
+            return redirect(location)
         else:
             rollout.request(flag, request.user)
     except ValidationError as exc:
@@ -209,7 +212,7 @@ class RolloutForm(forms.Form):
 
 
 @role_required(Role.OPERATOR)
-def rollout_new(request: HttpRequest) -> HttpResponse:
+def rollout_new(request: HtmxHttpRequest) -> HttpResponse:
     initial: dict[str, Any] = {}
     if revision := request.GET.get("revision"):
         initial["target_revision"] = revision

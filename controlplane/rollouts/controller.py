@@ -348,6 +348,7 @@ def _move_worker(rollout: Rollout, action: Action, world: World, now: datetime) 
     from controlplane.fleet.models import Worker
     from controlplane.profiles.models import ProfileRevision
 
+    assert action.worker_id is not None and action.revision is not None
     worker = Worker.objects.select_for_update(of=("self",)).select_related("pool").get(pk=action.worker_id)
     revision = ProfileRevision.objects.select_related("profile").get(pk=action.revision)
     errors = worker.revision_errors(revision) if revision.pk != rollout.stable_revision_id else {}
@@ -438,9 +439,11 @@ def run_gate(rollout_id: int, attempt: int) -> bool:
         return _gate_error(rollout_id, attempt, "no ready canary and stable worker to replay on")
     settings = rollout.gate_settings()
     profile = rollout.target_revision.engine_profile()
-    max_model_len = min(x for x in (canary.max_model_len, stable.max_model_len, 10**9) if x)
-    prompts = list(settings.prompts) or gate.default_prompts(profile.chunk_cap, max_model_len if max_model_len < 10**9
-                                                             else 0, settings.max_tokens)
+    # The shorter context of the two (0: neither said).
+    max_model_len = min((n for n in (canary.max_model_len, stable.max_model_len) if n), default=0)
+    prompts: list[gate.Prompt] = list(settings.prompts)
+    if not prompts:
+        prompts.extend(gate.default_prompts(profile.chunk_cap, max_model_len, settings.max_tokens))
     try:
         outcome = gate.run(canary.url, stable.url, prompts, settings.max_tokens, profile.chunk_cap,
                            timeout_seconds=float(conf.get("ROLLOUT_GATE_TIMEOUT_SECONDS")))

@@ -30,10 +30,8 @@ SAMPLE_FIGURE = "request_count"
 
 def sides(rollout: Rollout) -> tuple[tuple[str, str], tuple[str, str]]:
     """((canary pool name, role), (baseline pool name, role))."""
-    if rollout.baseline_pool_id is not None:
-        baseline = (rollout.baseline_pool.name, "baseline")
-    else:
-        baseline = (rollout.stable_pool.name, "stable")
+    pool = rollout.baseline_pool
+    baseline = (pool.name, "baseline") if pool is not None else (rollout.stable_pool.name, "stable")
     return (rollout.canary_pool.name, "canary"), baseline
 
 

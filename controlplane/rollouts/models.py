@@ -528,8 +528,8 @@ def creation_errors(
         models.Q(routing_table=table) | models.Q(stable_pool__in=[stable_pool, canary_pool])
         | models.Q(canary_pool__in=[stable_pool, canary_pool])
     )
-    if busy.exists():
-        add("non_field_errors", f"rollout {busy.first().pk} is still running on this routing table or these pools; "
+    if (running := busy.first()) is not None:
+        add("non_field_errors", f"rollout {running.pk} is still running on this routing table or these pools; "
                                 "finish or abort it first.")
     if not fast_track and table.weights().get("canary", 0) != 0:
         add("canary_pool", "the canary pool already takes traffic; set its weight to 0 first.")

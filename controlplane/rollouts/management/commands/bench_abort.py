@@ -166,7 +166,7 @@ class Command(BaseCommand):
         # A queue and a Redis namespace of their own: nobody else's gateways
         # or workers take part.
         settings.CELERY_TASK_DEFAULT_QUEUE = app.conf.task_default_queue = tag
-        settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = tag
+        settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = tag  # type: ignore[index]
         rows = _Rows(tag)
         try:
             with tempfile.TemporaryDirectory(prefix="bench-abort-") as tmp:
@@ -210,7 +210,8 @@ class Command(BaseCommand):
             stop = threading.Event()
             agents = threading.Thread(target=self._agents, args=(rows, stop), daemon=True)
             agents.start()
-            stack.callback(lambda: (stop.set(), agents.join(5)))
+            stack.callback(agents.join, 5)
+            stack.callback(stop.set)
             self.stdout.write(f"{options['gateways']} gateways, web API, one Celery worker; {options['trials']} "
                               f"aborts at canary 10%; {os.cpu_count()} CPUs")
             timings, api_ms = [], []
