@@ -112,7 +112,9 @@ def drive(rollout_id: int, token: str | None = None) -> None:
         if out.decision.phase.finished:
             return
         delay = WORKER_POLL_SECONDS if out.failed else out.decision.requeue_seconds
-        schedule(rollout_id, token, IDLE_POLL_SECONDS if delay is None else delay)
+        # Never further out than the idle tick: a countdown longer than the
+        # broker's visibility timeout would be redelivered meanwhile anyway.
+        schedule(rollout_id, token, IDLE_POLL_SECONDS if delay is None else min(delay, IDLE_POLL_SECONDS))
         return
     if token is not None:
         schedule(rollout_id, token, 0.0)
