@@ -43,8 +43,14 @@ class AlertRuleForm(forms.ModelForm):
     worker = forms.CharField(required=False, help_text="only this worker")
     worker_labels = forms.CharField(required=False, help_text="only workers with these labels, e.g. zone=a, gpu=h200")
     runbook_url = forms.URLField(required=False, max_length=500, assume_scheme="https")
-    extra_labels = forms.CharField(required=False, label="labels",
+    extra_labels = forms.CharField(required=False, label="Labels",
                                    help_text="added to every alert of the rule, e.g. team=serving")
+
+    field_order = [
+        "name", "enabled", "figure", "pool", "cohort", "worker", "worker_labels", "group_by", "window_seconds",
+        "compare_to", "comparator", "threshold", "floor", "for_seconds", "keep_firing_for_seconds", "no_data_state",
+        "severity", "action", "extra_labels", "summary", "description", "runbook_url", "dashboard_url",
+    ]
 
     class Meta:
         model = AlertRule
