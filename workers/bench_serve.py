@@ -128,7 +128,13 @@ def _serve_child(args: argparse.Namespace) -> int:
     async def in_process(request: Request) -> JSONResponse:
         body = await request.json()
         workload = [PlannedRequest(**r) for r in body["workload"]]
-        return JSONResponse(await replay_in_process(host.engine, workload, str(next(counter))))
+        cpu = time.process_time()
+        run = await replay_in_process(host.engine, workload, str(next(counter)))
+        run["server_cpu_seconds"] = time.process_time() - cpu
+        return JSONResponse(run)
+
+    async def cpu_seconds(request: Request) -> JSONResponse:
+        return JSONResponse({"cpu_seconds": time.process_time()})  # every thread of this process
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> Any:
@@ -138,6 +144,7 @@ def _serve_child(args: argparse.Namespace) -> int:
 
     app = build_app(host, exporter, model_name=spec.model_name, lifespan=lifespan)
     app.router.routes.append(Route("/_bench/in-process", in_process, methods=["POST"]))
+    app.router.routes.append(Route("/_bench/cpu", cpu_seconds, methods=["GET"]))
     uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)).run()
     return 0
 
@@ -184,10 +191,18 @@ async def _drive(url: str, args: argparse.Namespace) -> dict[str, Any]:
             await in_process(warm)
             await replay(client, warm)
             out: dict[str, Any] = {"in_process": {"runs": []}, "http_saturating": {"runs": []}}
+            async def server_cpu() -> float:
+                return float((await control.get("/_bench/cpu")).json()["cpu_seconds"])
+
             for _ in range(args.repeat):
                 out["in_process"]["runs"].append(await in_process(measured))
+                server_before, client_before = await server_cpu(), time.process_time()
                 records, wall = await replay(client, measured)
-                out["http_saturating"]["runs"].append({"records": [asdict(r) for r in records], "wall_seconds": wall})
+                client_cpu = time.process_time() - client_before
+                out["http_saturating"]["runs"].append({
+                    "records": [asdict(r) for r in records], "wall_seconds": wall,
+                    "server_cpu_seconds": await server_cpu() - server_before, "client_cpu_seconds": client_cpu,
+                })
             if args.scenario:
                 tokens_per_word = await client.calibrate()
                 planned = plan(args.scenario, duration_seconds=args.duration, rate=args.rate, seed=args.seed,
@@ -236,6 +251,9 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 def report(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     rows = []
     paired: dict[str, list[float]] = {}
+    # CPU-seconds per 1K output tokens, server and client together: what the
+    # HTTP path costs whatever the neighbours take.
+    cpu_cost: dict[str, dict[str, float]] = {}
     for engine, paths in results.items():
         for path, data in paths.items():
             summaries = _summaries(data)
@@ -254,11 +272,21 @@ def report(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
         local = [s["output_throughput"] for s in _summaries(paths["in_process"])]
         http = [s["output_throughput"] for s in _summaries(paths["http_saturating"])]
         paired[engine] = [h / i for h, i in zip(http, local, strict=False) if i]
+        cpu_cost[engine] = {
+            path: statistics.mean(
+                1000 * (run.get("server_cpu_seconds", 0.0) + run.get("client_cpu_seconds", 0.0))
+                / max(1, sum(r["output_tokens"] for r in run["records"]))
+                for run in paths[path]["runs"]
+            )
+            for path in ("in_process", "http_saturating")
+        }
     ratios: dict[str, Any] = {}
     by = {(r["engine"], r["path"], r["transport"]): r for r in rows}
     for engine, values in paired.items():
         if values:
             ratios[f"{engine}: http / in-process tok/s (median of pairs)"] = statistics.median(values)
+        cost = cpu_cost[engine]
+        ratios[f"{engine}: CPU-s per 1K tokens, in-process / http"] = _ratio(cost["in_process"], cost["http_saturating"])
         http_row, local_row = by.get((engine, "saturating", "http")), by.get((engine, "saturating", "in-process"))
         if http_row and local_row:
             ratios[f"{engine}: http / in-process tok/s (best runs)"] = _ratio(http_row["output_tok_s"], local_row["output_tok_s"])
@@ -269,7 +297,7 @@ def report(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
                 ratios[f"{path} over http: reference / vllm tok/s"] = _ratio(ref["output_tok_s"], v["output_tok_s"])
                 ratios[f"{path} over http: reference / vllm TTFT P99"] = _ratio(ref["ttft_p99_ms"], v["ttft_p99_ms"])
                 ratios[f"{path} over http: reference / vllm ITL P99"] = _ratio(ref["itl_p99_ms"], v["itl_p99_ms"])
-    return {"rows": rows, "ratios": ratios, "paired_http_over_in_process": paired}
+    return {"rows": rows, "ratios": ratios, "paired_http_over_in_process": paired, "cpu_seconds_per_1k_tokens": cpu_cost}
 
 
 def format_report(rep: dict[str, Any]) -> str:
@@ -288,7 +316,7 @@ def format_report(rep: dict[str, Any]) -> str:
         )
     lines.append("")
     for name, value in rep["ratios"].items():
-        lines.append(f"{name:<52}{f(value, '.2f')}")
+        lines.append(f"{name:<58}{f(value, '.2f')}")
     lines.append("(ms; saturating: every request at t=0; rows are each path's best run by tok/s;")
     lines.append(" in-process and http runs alternate on one warmed engine; above 1: the left side is higher)")
     return "\n".join(lines)
