@@ -140,22 +140,23 @@ def chart_payload(chart_id: str, title: str, names: tuple[str, ...], results: Ma
 
 
 def panel_context(view: View, now: datetime | None = None) -> dict[str, Any]:
-    """The four charts and the table beside them. The table is each series'
-    newest point (the window ending now, from raw scrapes), so the table
-    and the charts' right edge always agree."""
+    """The four charts and the table beside them. The table is the window
+    ending now, which is also each chart's newest point (read once), so the
+    table and the charts' right edge always agree."""
     now = now or timezone.now()
-    names = tuple(dict.fromkeys((*(n for _, _, ns in PANEL_CHARTS for n in ns), *PANEL_TABLE, *BESIDE)))
-    results = query.query_range_many(
-        names, view.window_seconds, view.group_by, view.selector,
-        start=now - timedelta(seconds=view.range_seconds), end=now, step_seconds=view.step_seconds,
-    )
-    charts = [chart_payload(chart_id, title, chart_names, results) for chart_id, title, chart_names in PANEL_CHARTS]
-    current = {name: {g: values[-1] for g, values in r.series.items()} for name, r in results.items()}
+    chart_names = tuple(n for _, _, ns in PANEL_CHARTS for n in ns)
+    with query.shared_reads():
+        results = query.query_range_many(
+            chart_names, view.window_seconds, view.group_by, view.selector,
+            start=now - timedelta(seconds=view.range_seconds), end=now, step_seconds=view.step_seconds,
+        )
+        current = query.query_many((*PANEL_TABLE, *BESIDE), view.window_seconds, view.group_by, view.selector, now)
+    charts = [chart_payload(chart_id, title, names, results) for chart_id, title, names in PANEL_CHARTS]
     groups = sorted({g for series in current.values() for g in series})
     rows = [
         {"group": g, "panel": _figure_cells(PANEL_TABLE, current, g), "beside": _figure_cells(BESIDE, current, g)}
         for g in groups
-        if any(current[n].get(g) is not None for n in names) or view.group_by != "worker"
+        if view.group_by != "worker" or any(current[n].get(g) is not None for n in current)
     ]
     return {
         "view": view,

@@ -25,9 +25,11 @@ How data is read (see models.py for the row format):
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -336,7 +338,38 @@ class _Offsets:
         return out
 
 
+_shared: contextvars.ContextVar[dict[tuple[Any, ...], list[TargetWindows]] | None] = contextvars.ContextVar(
+    "metrics_shared_reads", default=None
+)
+
+
+@contextlib.contextmanager
+def shared_reads() -> Iterator[None]:
+    """Inside this block, one-window reads of the same window are done once:
+    a page that draws series (whose newest point is the window ending now)
+    and a table of more figures over that same window reads it once."""
+    token = _shared.set({})
+    try:
+        yield
+    finally:
+        _shared.reset(token)
+
+
 def _point_windows(points: Floats, window: float, selector: Mapping[str, str], needs_peak: bool) -> list[TargetWindows]:
+    memo = _shared.get()
+    if memo is None:
+        return _read_point_windows(points, window, selector, needs_peak)
+    key = (float(points[-1]), window, tuple(sorted(selector.items())))
+    for peak in (True, needs_peak):  # a read with the peak serves one without
+        if (*key, peak) in memo:
+            return memo[(*key, peak)]
+    memo[(*key, needs_peak)] = loaded = _read_point_windows(points, window, selector, needs_peak)
+    return loaded
+
+
+def _read_point_windows(
+    points: Floats, window: float, selector: Mapping[str, str], needs_peak: bool
+) -> list[TargetWindows]:
     """One window (``points`` has one element) from first/last rows."""
     end = float(points[-1])
     start = end - window
