@@ -7,7 +7,14 @@ from typing import Any
 import pytest
 
 from controlplane.gateway.cohort import Role
-from controlplane.gateway.state import GatewayState, PoolTarget, WorkerTarget, build_table, newest, with_table_update
+from controlplane.gateway.state import (
+    GatewayState,
+    PoolTarget,
+    WorkerTarget,
+    build_table,
+    newest,
+    with_table_update,
+)
 
 
 def pool(pid: int, role: Role, weight: int, *worker_ids: int) -> PoolTarget:
