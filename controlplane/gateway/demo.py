@@ -39,7 +39,9 @@ def seed(model: str, *, stable_pool: str = "stable", canary_pool: str = "canary"
             reason="demo seed",
             require_ready=False,  # the workers start after the seed
         )
-    ClientKey.objects.filter(name=DEMO_KEY_NAME).delete()
+    for old in ClientKey.objects.filter(name=DEMO_KEY_NAME):
+        audit.record(ACTOR, "clientkey.delete", old, audit.snapshot(old), None)
+        old.delete()
     key, plaintext = ClientKey.issue(DEMO_KEY_NAME, is_admin=True)
     audit.record(ACTOR, "clientkey.create", key, None, audit.snapshot(key))
     return plaintext
