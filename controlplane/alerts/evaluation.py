@@ -17,8 +17,10 @@ Alert rows appear when an alert first needs remembering (pending, firing,
 no data, or waiting out ``for`` without data) and are kept as history;
 inactive label sets that never alerted cost nothing.
 
-After the commit: firing ``abort_rollout`` alerts pull the kill switch
-(``killswitch.pull_all``), and the notification dispatcher is woken.
+Rules switched off or deleted take their alerts with them: those resolve
+at the next cycle, so receivers hear it. After the commit the notification
+dispatcher is woken; the Celery task then pulls the kill switch for firing
+``abort_rollout`` alerts (``killswitch.pull_all``).
 """
 
 from __future__ import annotations
