@@ -139,8 +139,15 @@ def paged_attention(
 
 
 def _gather(cache: torch.Tensor, blocks: torch.Tensor, ws: Workspace | None, name: str) -> torch.Tensor:
-    """The blocks' rows of ``cache`` [blocks, block_size, KVH, D], copied out contiguously."""
+    """The blocks' rows of ``cache`` [blocks, block_size, KVH, D], contiguous:
+    a view when the blocks are consecutive (a prompt prefilled on a quiet
+    pool usually is), a copy otherwise."""
     flat = cache.view(cache.shape[0], -1)
+    n = blocks.shape[0]
+    if blocks.device.type == "cpu" and n > 1:
+        first, last = int(blocks[0]), int(blocks[-1])
+        if last - first == n - 1 and bool((blocks[1:] - blocks[:-1] == 1).all()):
+            return flat[first : last + 1]
     if ws is None:
         return torch.index_select(flat, 0, blocks)
     out = ws.take(name, (blocks.shape[0], flat.shape[1]))
@@ -194,6 +201,8 @@ def _prefill(
     o_prefix, lse_prefix = _flash_cpu(q_stacked, kp.transpose(0, 1)[None], vp.transpose(0, 1)[None], 0.0, False)[:2]
     o_prefix = o_prefix.reshape(1, num_heads, n, head_dim)
     lse_prefix = lse_prefix.reshape(1, num_heads, n)
-    lse = torch.logaddexp(lse_self, lse_prefix)
-    o = o_self * torch.exp(lse_self - lse).unsqueeze(-1) + o_prefix * torch.exp(lse_prefix - lse).unsqueeze(-1)
+    # softmax over both key sets = the two partial results weighted by their
+    # shares of the total mass: o_prefix + σ(lse_self − lse_prefix)·(o_self − o_prefix)
+    weight = torch.sigmoid(lse_self - lse_prefix).unsqueeze(-1)
+    o = torch.lerp(o_prefix, o_self, weight)
     return o[0].transpose(0, 1)

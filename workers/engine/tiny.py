@@ -28,7 +28,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
 STAMP = "chunkpilot_tiny_model.json"
 
 VOCAB_SIZE = 2048
@@ -62,8 +62,8 @@ MODEL_CONFIG = {
     "initializer_range": 0.02,
 }
 # Training: fixed steps (not a time limit) so the result does not depend on the machine's speed.
-TRAIN_STEPS = 200
-BATCH_SIZE = 16
+TRAIN_STEPS = 400
+BATCH_SIZE = 8
 SEQ_LEN = 128
 LEARNING_RATE = 4e-3
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tests.support import PYTHON, ROOT
 from workers.engine.config import ModelConfig
-from workers.engine.tiny import STAMP
+from workers.engine.tiny import RECIPE_VERSION, STAMP
 
 
 def digest(model_dir: Path) -> dict[str, str]:
@@ -46,7 +46,7 @@ def test_concurrent_builds_agree_and_a_seed_gives_the_same_bytes(tmp_path: Path)
     procs = [make(a, "--train-steps", "3"), make(a, "--train-steps", "3"), make(b, "--train-steps", "3")]
     assert [p.wait(timeout=600) for p in procs] == [0, 0, 0]
     assert digest(a) == digest(b)
-    assert json.loads((a / STAMP).read_text()) == {"recipe": 1, "seed": 0, "train_steps": 3}
+    assert json.loads((a / STAMP).read_text()) == {"recipe": RECIPE_VERSION, "seed": 0, "train_steps": 3}
     assert not list(tmp_path.glob(".a.building-*"))
     c = tmp_path / "c"
     assert make(c, "--train-steps", "3", "--seed", "1").wait(timeout=600) == 0
