@@ -209,7 +209,11 @@ def summary(targets: list[Target]) -> dict[str, dict[str, float]]:
     return out
 
 
-def ratio(ours: float, theirs: float) -> float:
-    """Our added latency over nginx's; nginx's is floored at 10 µs (a
-    ratio to a difference lost in noise says nothing)."""
-    return ours / max(theirs, 0.01)
+def ratio(ours: float, theirs: float) -> float | None:
+    """Our added latency over nginx's; None when nginx's is under 50 µs (or
+    negative: within the noise), where a ratio says nothing."""
+    return ours / theirs if theirs >= 0.05 else None
+
+
+def times(value: float | None) -> str:
+    return "n/a (nginx's is within noise)" if value is None else f"{value:.1f}x"

@@ -177,8 +177,8 @@ class Command(BaseCommand):
         r99 = bench.ratio(gw["added_p99_ms"], nx["added_p99_ms"])
         out(f"gateway added TTFT: P50 {gw['added_p50_ms']:.3f} ms (goal <= 1), P99 {gw['added_p99_ms']:.3f} ms (goal <= 5)")
         out(f"nginx added TTFT:   P50 {nx['added_p50_ms']:.3f} ms, P99 {nx['added_p99_ms']:.3f} ms")
-        out(f"gateway/nginx added-latency ratio: P50 {r50:.1f}x, P99 {r99:.1f}x (goal <= 3x); "
-            f"CPU per stream {bench.ratio(gw['cpu_ms_per_stream'], nx['cpu_ms_per_stream']):.1f}x nginx's")
+        out(f"gateway/nginx added-latency ratio: P50 {bench.times(r50)}, P99 {bench.times(r99)} (goal <= 3x); "
+            f"CPU per stream {bench.times(bench.ratio(gw['cpu_ms_per_stream'], nx['cpu_ms_per_stream']))} nginx's")
         ack_figures: dict[str, float] = {}
         if acks:
             ordered = sorted(acks)
