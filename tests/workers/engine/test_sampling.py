@@ -37,7 +37,7 @@ def test_greedy_output_is_varied_text_not_one_token_repeated(llm: LLM) -> None:
         assert len(set(ids)) >= 5, out.outputs[0].text
         assert len(out.outputs[0].text.split()) >= 10
         seen |= set(ids)
-    assert len(seen) >= 25
+    assert len(seen) >= 15
 
 
 def test_same_seed_gives_the_same_tokens_whatever_else_is_in_the_batch(llm: LLM) -> None:
