@@ -9,6 +9,7 @@ JavaScript is there and work without it; they only set flags.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django import forms
@@ -82,7 +83,10 @@ def detail_context(rollout: Rollout, user_context: dict[str, Any] | None = None)
             {"verb": verb, "label": label, "confirm": confirm}
             for verb, (_, label, confirm, phases) in BUTTONS.items() if phase in phases
         ],
-        "pause_conditions": rollout.pause_conditions,
+        "pause_conditions": [
+            {"reason": c["reason"].replace("_", " "), "since": datetime.fromisoformat(c["since"])}
+            for c in rollout.pause_conditions
+        ],
         **(user_context or {}),
     }
 
