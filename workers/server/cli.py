@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from workers.profile import ENGINE_KINDS, EngineProfile, ProfileError, load_profile
+from workers.profile import ENGINE_KINDS, ProfileError, load_profile
 
 log = logging.getLogger("workers.serve")
 
@@ -188,4 +188,4 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["add_arguments", "main", "EngineProfile"]
+__all__ = ["add_arguments", "main"]
