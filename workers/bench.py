@@ -15,9 +15,9 @@ Three scenarios, all in this one process, on the same checkpoint:
 3. offline — a batch of requests all at once: engine throughput, the figure
    to compare with vLLM.
 
-When vLLM is importable, the same workloads run through vLLM's V1 engine in
-this process (multiprocessing off, eager, explicit KV size) after ours, and
-the ratios are printed. Timestamps come from this harness for both engines
+When vLLM is importable, the same workloads then run through vLLM's V1
+engine in a child process of the bench (engine core in-process:
+multiprocessing off, eager, explicit KV size), and the ratios are printed. Timestamps come from this harness for both engines
 (a token's time is when its step returned); block-level figures (memory,
 fragmentation, prefill wait) come from our engine's own records.
 """
@@ -50,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--duration", type=float, default=25.0, help="seconds of arrivals in the mixed workload (default 25)")
     parser.add_argument("--rate", type=float, default=2.0, help="mean arrivals per second (default 2)")
     parser.add_argument("--long-fraction", type=float, default=0.1, help="share of long prompts (default 0.1)")
-    parser.add_argument("--long-tokens", type=str, default="4000-12000", help="long prompt length range (default 4000-12000)")
+    parser.add_argument("--long-tokens", type=str, default="6000-14000", help="long prompt length range (default 6000-14000)")
     parser.add_argument("--budgets", type=str, default="256,512,1024", help="chunked budgets to run (default 256,512,1024)")
     parser.add_argument("--long-prompt", type=int, default=8192, help="length of the long-alone prompt (default 8192)")
     parser.add_argument("--repeats", type=int, default=2, help="long-alone repeats; the best counts (default 2)")
@@ -65,6 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scenarios", type=str, default="mixed,long-alone,offline")
     parser.add_argument("--quick", action="store_true", help="a short smoke run: 8 s of arrivals, smaller prompts")
     parser.add_argument("--json", type=str, default=None, metavar="PATH", help="also write every figure as JSON ('-': stdout)")
+    parser.add_argument("--only-vllm", action="store_true", help=argparse.SUPPRESS)  # the child process
 
 
 # ---- workload --------------------------------------------------------------------
@@ -328,10 +329,21 @@ def print_mixed(results: dict[str, dict[str, Any]], slo: figures.SLO) -> None:
           f"TTFT <= {slo.ttft_seconds}s and TPOT <= {slo.tpot_seconds}s; mem = peak / time-weighted mean)")
 
 
+def _child_argv(args: argparse.Namespace, json_path: str) -> list[str]:
+    """The same benchmark, vLLM only, in a fresh process."""
+    argv = [sys.executable, "-m", "workers", "bench", "--only-vllm", "--json", json_path]
+    for name in ("model", "seed", "duration", "rate", "long_fraction", "long_tokens", "budgets", "long_prompt",
+                 "repeats", "offline_requests", "block_size", "max_num_seqs", "max_model_len", "slo_ttft",
+                 "slo_tpot", "vllm_budgets", "scenarios"):
+        argv += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    return argv
+
+
 def main(args: argparse.Namespace) -> int:
     if args.quick:
         args.duration, args.long_tokens, args.long_prompt = 8.0, "2500-4000", 4096
         args.offline_requests, args.repeats = 16, 1
+        args.quick = False  # the child gets the expanded values
     scenarios = set(args.scenarios.split(","))
     from workers.engine.tiny import ensure_tiny_model
 
@@ -346,104 +358,81 @@ def main(args: argparse.Namespace) -> int:
     hi = min(hi, max_len - 450)
     budgets = [int(b) for b in args.budgets.split(",") if b]
     slo = figures.SLO(args.slo_ttft, args.slo_tpot)
-    use_vllm = args.vllm == "on" or (args.vllm == "auto" and vllm_available())
+    only_vllm = args.only_vllm
+    use_vllm = only_vllm or args.vllm == "on" or (args.vllm == "auto" and vllm_available())
     kv_bytes = 1 << 30
     base = dict(block_size=args.block_size, max_num_seqs=args.max_num_seqs, kv_cache_bytes=kv_bytes)
     configs: dict[str, dict[str, Any]] = {"monolithic": dict(base, prefill_mode="monolithic", max_num_batched_tokens=max_len)}
     for b in budgets:
         configs[f"chunked-{b}"] = dict(base, prefill_mode="chunked", max_num_batched_tokens=b)
-    report: dict[str, Any] = {
-        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"},
-        "slo": {"ttft_seconds": slo.ttft_seconds, "tpot_seconds": slo.tpot_seconds},
-    }
-
-    def ours(label: str, profile: dict[str, Any]) -> Callable[[], Adapter]:
-        return lambda: ReferenceAdapter(label, args.model, profile, max_len)
-
-    def theirs(label: str, profile: dict[str, Any]) -> Callable[[], Adapter]:
-        return lambda: VLLMAdapter(label, args.model, profile, max_len, kv_bytes)
-
-    vllm_configs = {}
+    vllm_configs: dict[str, dict[str, Any]] = {}
     if use_vllm:
         vllm_configs["vllm monolithic"] = configs["monolithic"]
         for b in (int(x) for x in args.vllm_budgets.split(",") if x):
             vllm_configs[f"vllm chunked-{b}"] = dict(base, prefill_mode="chunked", max_num_batched_tokens=b)
 
-    print(f"model {args.model} ({config.num_hidden_layers} layers, hidden {config.hidden_size}), seed {args.seed}, "
-          f"torch threads {__import__('torch').get_num_threads()}, block size {args.block_size}", flush=True)
+    def make(label: str, profile: dict[str, Any]) -> Callable[[], Adapter]:
+        if label.startswith("vllm"):
+            return lambda: VLLMAdapter(label, args.model, profile, max_len, kv_bytes)
+        return lambda: ReferenceAdapter(label, args.model, profile, max_len)
 
+    # vLLM runs in a child process of its own: its start-up scans every loaded
+    # module to patch kernels and trips over numba's objects, and its thread
+    # binding would otherwise stay on for our runs.
+    runs = vllm_configs if only_vllm else configs
+    report: dict[str, Any] = {"mixed": {}, "long_alone_seconds": {}, "offline": {}}
+    if not only_vllm:
+        print(f"model {args.model} ({config.num_hidden_layers} layers, hidden {config.hidden_size}), seed {args.seed}, "
+              f"torch threads {__import__('torch').get_num_threads()}, block size {args.block_size}", flush=True)
+    else:
+        prepare_vllm_environment()
+
+    workload = mixed_workload(args.seed, args.duration, args.rate, args.long_fraction, (lo, hi), vocab, bos)
     if "mixed" in scenarios:
-        workload = mixed_workload(args.seed, args.duration, args.rate, args.long_fraction, (lo, hi), vocab, bos)
-        n_long = sum(r.is_long for r in workload)
-        print(f"\n== mixed: {len(workload)} requests over {args.duration:.0f}s ({n_long} long, "
-              f"{sum(len(r.prompt_token_ids) for r in workload)} prompt tokens), replayed in real time ==", flush=True)
-        results: dict[str, dict[str, Any]] = {}
-        runs = [(label, ours(label, p)) for label, p in configs.items()]
-        runs += [(label, theirs(label, p)) for label, p in vllm_configs.items()]
-        for label, make in runs:
-            if label.startswith("vllm"):
-                prepare_vllm_environment()
-            adapter = make()
+        if not only_vllm:
+            print(f"\n== mixed: {len(workload)} requests over {args.duration:.0f}s ({sum(r.is_long for r in workload)} long, "
+                  f"{sum(len(r.prompt_token_ids) for r in workload)} prompt tokens), replayed in real time ==", flush=True)
+        for label, profile in runs.items():
+            adapter = make(label, profile)()
             replay(adapter, [Request("warm", 0.0, [bos, 5, 6, 7], 4)])
             adapter.steps.clear()
             requests, duration = replay(adapter, workload)
             adapter.close()
-            results[label] = mixed_figures(requests, adapter.steps, duration, slo)
-            print(f"  {label}: done in {duration:.1f}s", file=sys.stderr, flush=True)
-        print_mixed(results, slo)
-        report["mixed"] = results
-        ratios: dict[str, float | None] = {}
-        mono = results["monolithic"]
-        for label, f in results.items():
-            if label.startswith("chunked"):
-                ratios[f"stall_reduction_{label}"] = _ratio(mono["stall_p99_short_seconds"], f["stall_p99_short_seconds"])
-                ratios[f"gap_during_long_reduction_{label}"] = _ratio(mono["gap_during_long_prefill_p99_seconds"], f["gap_during_long_prefill_p99_seconds"])
-                ratios[f"throughput_ratio_{label}"] = _ratio(f["output_throughput_tps"], mono["output_throughput_tps"])
-        if "vllm monolithic" in results:
-            vm = results["vllm monolithic"]
-            for label, f in results.items():
-                if label.startswith("vllm chunked"):
-                    ratios[f"stall_reduction_{label}"] = _ratio(vm["stall_p99_short_seconds"], f["stall_p99_short_seconds"])
-                    ours_label = label.removeprefix("vllm ")
-                    if ours_label in results:
-                        ratios[f"throughput_ours_over_vllm_{ours_label}"] = _ratio(results[ours_label]["output_throughput_tps"], f["output_throughput_tps"])
-            ratios["throughput_ours_over_vllm_monolithic"] = _ratio(mono["output_throughput_tps"], vm["output_throughput_tps"])
-        report["mixed_ratios"] = ratios
-        print()
-        for key, value in ratios.items():
-            print(f"  {key:<48} {_num(value)}")
-
+            report["mixed"][label] = mixed_figures(requests, adapter.steps, duration, slo)
+            print(f"  mixed {label}: done in {duration:.1f}s", file=sys.stderr, flush=True)
     if "long-alone" in scenarios:
         n = min(args.long_prompt, max_len - 2)
-        print(f"\n== long-alone: one {n}-token prompt, time to first token (best of {args.repeats}) ==", flush=True)
-        alone: dict[str, float] = {}
-        for label, p in configs.items():
-            alone[label] = long_alone(ours(label, p), n, args.repeats, vocab, bos, args.seed)
-        for label, p in vllm_configs.items():
-            prepare_vllm_environment()
-            alone[label] = long_alone(theirs(label, p), n, args.repeats, vocab, bos, args.seed)
-        for label, seconds in alone.items():
-            base_label = "vllm monolithic" if label.startswith("vllm") else "monolithic"
-            print(f"  {label:<22} {seconds:7.3f}s   ×{_num(_ratio(seconds, alone[base_label]))} of {base_label}")
-        report["long_alone_seconds"] = alone
-
+        for label, profile in runs.items():
+            report["long_alone_seconds"][label] = long_alone(make(label, profile), n, args.repeats, vocab, bos, args.seed)
+            print(f"  long-alone {label}: {report['long_alone_seconds'][label]:.2f}s", file=sys.stderr, flush=True)
     if "offline" in scenarios:
-        print(f"\n== offline: {args.offline_requests} requests at once (128-384 prompt, 64-192 output tokens) ==", flush=True)
-        off: dict[str, dict[str, float]] = {}
-        chosen = {k: v for k, v in configs.items() if k in ("monolithic", "chunked-512")} or configs
-        for label, p in chosen.items():
-            off[label] = offline(ours(label, p), args.offline_requests, vocab, bos, args.seed)
-        for label, p in vllm_configs.items():
-            prepare_vllm_environment()
-            off[label] = offline(theirs(label, p), args.offline_requests, vocab, bos, args.seed)
-        for label, f in off.items():
-            print(f"  {label:<22} {f['output_throughput_tps']:7.0f} output tok/s  ({f['seconds']:.1f}s)")
-        for label in chosen:
-            their = off.get(f"vllm {label}")
-            if their:
-                print(f"  ours/vLLM {label:<13} ×{_num(_ratio(off[label]['output_throughput_tps'], their['output_throughput_tps']))}")
-        report["offline"] = off
+        for label, profile in runs.items():
+            if label.startswith("chunked") and label != "chunked-512":
+                continue
+            report["offline"][label] = offline(make(label, profile), args.offline_requests, vocab, bos, args.seed)
+            print(f"  offline {label}: {report['offline'][label]['output_throughput_tps']:.0f} tok/s", file=sys.stderr, flush=True)
 
+    if only_vllm:
+        Path(args.json).write_text(json.dumps(report, default=str))
+        return 0
+    if use_vllm:
+        import subprocess
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = str(Path(tmp) / "vllm.json")
+            done = subprocess.run(_child_argv(args, path), check=False)
+            if done.returncode == 0 and Path(path).exists():
+                theirs = json.loads(Path(path).read_text())
+                for key in ("mixed", "long_alone_seconds", "offline"):
+                    report[key].update(theirs.get(key, {}))
+            else:
+                print(f"vLLM run failed (exit {done.returncode}); its figures are missing", flush=True)
+
+    report["settings"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
+    report["slo"] = {"ttft_seconds": slo.ttft_seconds, "tpot_seconds": slo.tpot_seconds}
+    report["ratios"] = compute_ratios(report)
+    print_report(report, slo, args)
     if args.json:
         text = json.dumps(report, indent=2, default=str)
         if args.json == "-":
@@ -452,3 +441,49 @@ def main(args: argparse.Namespace) -> int:
             Path(args.json).write_text(text + "\n")
             print(f"\nfigures written to {args.json}")
     return 0
+
+
+def compute_ratios(report: dict[str, Any]) -> dict[str, float | None]:
+    ratios: dict[str, float | None] = {}
+    mixed = report["mixed"]
+    for prefix in ("", "vllm "):
+        mono = mixed.get(f"{prefix}monolithic")
+        if not mono:
+            continue
+        for label, f in mixed.items():
+            if label.startswith(f"{prefix}chunked"):
+                ratios[f"stall_reduction {label}"] = _ratio(mono["stall_p99_short_seconds"], f["stall_p99_short_seconds"])
+                ratios[f"gap_during_long_reduction {label}"] = _ratio(
+                    mono["gap_during_long_prefill_p99_seconds"], f["gap_during_long_prefill_p99_seconds"]
+                )
+                ratios[f"throughput_vs_monolithic {label}"] = _ratio(f["output_throughput_tps"], mono["output_throughput_tps"])
+    for label, f in mixed.items():
+        if not label.startswith("vllm") and f"vllm {label}" in mixed:
+            ratios[f"mixed_throughput_ours_over_vllm {label}"] = _ratio(f["output_throughput_tps"], mixed[f"vllm {label}"]["output_throughput_tps"])
+    alone = report["long_alone_seconds"]
+    for label, seconds in alone.items():
+        base = "vllm monolithic" if label.startswith("vllm") else "monolithic"
+        if "chunked" in label and base in alone:
+            ratios[f"long_alone_vs_monolithic {label}"] = _ratio(seconds, alone[base])
+    off = report["offline"]
+    for label, f in off.items():
+        if not label.startswith("vllm") and f"vllm {label}" in off:
+            ratios[f"offline_throughput_ours_over_vllm {label}"] = _ratio(f["output_throughput_tps"], off[f"vllm {label}"]["output_throughput_tps"])
+    return ratios
+
+
+def print_report(report: dict[str, Any], slo: figures.SLO, args: argparse.Namespace) -> None:
+    if report["mixed"]:
+        print()
+        print_mixed(report["mixed"], slo)
+    if report["long_alone_seconds"]:
+        print(f"\n== long-alone: one {args.long_prompt}-token prompt, time to first token (best of {args.repeats}) ==")
+        for label, seconds in report["long_alone_seconds"].items():
+            print(f"  {label:<22} {seconds:7.3f}s")
+    if report["offline"]:
+        print(f"\n== offline: {args.offline_requests} requests at once (128-384 prompt, 64-192 output tokens) ==")
+        for label, f in report["offline"].items():
+            print(f"  {label:<22} {f['output_throughput_tps']:7.0f} output tok/s  ({f['seconds']:.1f}s)")
+    print("\n== ratios ==")
+    for key, value in report["ratios"].items():
+        print(f"  {key:<52} {_num(value)}")
