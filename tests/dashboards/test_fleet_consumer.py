@@ -3,10 +3,12 @@ changes a worker's state reaches a connected page as an htmx swap."""
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import pytest
-from asgiref.sync import async_to_sync
 from asgiref.testing import ApplicationCommunicator
 from django.contrib.auth.models import AnonymousUser
 
@@ -17,6 +19,14 @@ from tests.controlplane.factories import enroll_worker, heartbeat_request, make_
 from workers.contract import parse_heartbeat
 
 pytestmark = pytest.mark.django_db(transaction=True)
+T = TypeVar("T")
+
+
+def run_async(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run on a fresh event loop in a fresh thread: when a browser test ran
+    earlier in this session, Playwright's loop is already running in this one."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
 
 
 class Socket:
@@ -63,7 +73,7 @@ def test_a_state_change_is_pushed_as_the_workers_row() -> None:
         await comm.disconnect()
         return messages
 
-    row, summary = async_to_sync(scenario)()
+    row, summary = run_async(scenario())
     html = row + summary
     assert row.startswith(f'<tr id="worker-{worker.pk}" data-worker="pushed" data-state="ready" hx-swap-oob="true">')
     assert summary.startswith('<div id="fleet-summary" class="summary" hx-swap-oob="true">')
@@ -83,7 +93,7 @@ def test_a_new_worker_pushes_the_whole_table_body() -> None:
         await comm.disconnect()
         return message
 
-    html = async_to_sync(scenario)()
+    html = run_async(scenario())
     assert html.startswith('<tbody id="fleet-rows" hx-swap-oob="true"') and "newcomer" in html
     assert ">drain</button>" in html, "an operator's push carries the buttons"
 
@@ -97,4 +107,4 @@ def test_visitors_without_a_role_are_refused(role: Role | None) -> None:
         connected, code = await comm.connect()
         return connected, code
 
-    assert async_to_sync(scenario)() == (False, FORBIDDEN)
+    assert run_async(scenario()) == (False, FORBIDDEN)

@@ -52,7 +52,10 @@ class Command(BaseCommand):
         parser.add_argument("--url", help="an already running control plane; default: start one here")
         parser.add_argument("--server-processes", type=int, default=1, help="uvicorn worker processes when starting one")
         parser.add_argument("--db-pool", type=int, default=0, help="DATABASE_POOL_MAX_SIZE for the server it starts (0: none)")
-        parser.add_argument("--connections", type=int, default=32, help="client keep-alive connections")
+        parser.add_argument(
+            "--connections", type=int, default=0,
+            help="client keep-alive connections (default 0: one per worker, as real agents have)",
+        )
         parser.add_argument("--state-change-every", type=int, default=100, help="one heartbeat in N changes state")
         parser.add_argument("--json", action="store_true", help="print the result as JSON")
         parser.add_argument("--keep", action="store_true", help="keep the simulated workers afterwards")
@@ -168,7 +171,7 @@ class Command(BaseCommand):
         target = urlsplit(url)
         host, port = target.hostname or "127.0.0.1", target.port or 80
         num_workers = len(secrets_by_worker)
-        num_connections = min(options["connections"], num_workers)
+        num_connections = min(options["connections"] or num_workers, num_workers)
         interval = num_workers / options["rate"]
         warmup, duration = options["warmup"], options["duration"]
         change_every = max(1, options["state_change_every"])
