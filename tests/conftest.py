@@ -65,6 +65,17 @@ def pytest_configure(config: pytest.Config) -> None:
     settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = f"chunkpilot-test-{RUN_ID}"
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Browser tests run last. Playwright's sync API keeps an event loop running
+    in the main thread while the session's browser is open; ``async_to_sync``
+    and ``asyncio.run`` refuse to run beside it, so a plain test scheduled
+    after a browser test would fail for a reason that is not its own."""
+    uses_browser = [item for item in items if {"browser", "page"} & set(getattr(item, "fixturenames", ()))]
+    if uses_browser:
+        ids = {id(item) for item in uses_browser}
+        items[:] = [item for item in items if id(item) not in ids] + uses_browser
+
+
 def test_database_url() -> str:
     """The URL of the database the tests run on (pytest-django's test_* copy)."""
     from django.db import connection
