@@ -48,13 +48,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="checkpoint dir (default: the tiny model, built if missing)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--duration", type=float, default=25.0, help="seconds of arrivals in the mixed workload (default 25)")
-    parser.add_argument("--rate", type=float, default=2.0, help="mean arrivals per second (default 2)")
+    parser.add_argument("--rate", type=float, default=3.0, help="mean arrivals per second (default 3)")
     parser.add_argument("--long-fraction", type=float, default=0.1, help="share of long prompts (default 0.1)")
-    parser.add_argument("--long-tokens", type=str, default="6000-14000", help="long prompt length range (default 6000-14000)")
+    parser.add_argument("--long-tokens", type=str, default="10000-16000", help="long prompt length range (default 10000-16000)")
     parser.add_argument("--budgets", type=str, default="256,512,1024", help="chunked budgets to run (default 256,512,1024)")
     parser.add_argument("--long-prompt", type=int, default=8192, help="length of the long-alone prompt (default 8192)")
     parser.add_argument("--repeats", type=int, default=2, help="long-alone repeats; the best counts (default 2)")
-    parser.add_argument("--offline-requests", type=int, default=48, help="requests in the offline batch (default 48)")
+    parser.add_argument("--offline-requests", type=int, default=96, help="requests in the offline batch (default 96)")
     parser.add_argument("--block-size", type=int, default=32, help="KV block size for both engines (vLLM's CPU needs ×32)")
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--max-model-len", type=int, default=16384)
@@ -85,7 +85,7 @@ def mixed_workload(
     seed: int, duration: float, rate: float, long_fraction: float, long_range: tuple[int, int], vocab: int, bos: int
 ) -> list[Request]:
     """Poisson arrivals; lognormal short prompts (~300 tokens) and outputs
-    (~80 tokens); a ``long_fraction`` of long prompts, at least two."""
+    (~120 tokens, 16–400); a ``long_fraction`` of long prompts, at least two."""
     rng = random.Random(seed)
     arrivals = []
     t = 0.0
@@ -104,7 +104,7 @@ def mixed_workload(
             n = rng.randint(*long_range)
         else:
             n = min(1500, max(32, int(rng.lognormvariate(math.log(300), 0.6))))
-        max_tokens = min(400, max(16, int(rng.lognormvariate(math.log(80), 0.7))))
+        max_tokens = min(400, max(16, int(rng.lognormvariate(math.log(120), 0.7))))
         ids = [bos] + [rng.randrange(3, vocab) for _ in range(n - 1)]
         out.append(Request(f"m{i}", at, ids, max_tokens))
     return out
@@ -255,6 +255,7 @@ def mixed_figures(requests: list[RequestMetrics], steps: list[StepMetrics], dura
     out["gap_during_long_prefill_p99_seconds"] = figures.percentile(during, 99)
     out["gap_during_long_prefill_max_seconds"] = figures.percentile(during, 100)
     out["gaps_during_long_prefill"] = float(len(during))
+    out["by_prompt_bucket"] = figures.by_prompt_bucket(requests)
     if not steps:  # vLLM: no block-level records here
         for key in ("memory_peak_bytes", "memory_mean_bytes", "memory_peak_over_mean", "kv_fragmentation_mean", "kv_fragmentation_max"):
             out[key] = None

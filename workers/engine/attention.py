@@ -203,6 +203,6 @@ def _prefill(
     lse_prefix = lse_prefix.reshape(1, num_heads, n)
     # softmax over both key sets = the two partial results weighted by their
     # shares of the total mass: o_prefix + σ(lse_self − lse_prefix)·(o_self − o_prefix)
-    weight = torch.sigmoid(lse_self - lse_prefix).unsqueeze(-1)
+    weight = torch.sigmoid(lse_self - lse_prefix).unsqueeze(-1).to(o_self.dtype)
     o = torch.lerp(o_prefix, o_self, weight)
     return o[0].transpose(0, 1)

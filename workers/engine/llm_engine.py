@@ -101,7 +101,8 @@ class LLMEngine:
         net = LlamaForCausalLM(self.config)
         net.load_checkpoint(self.model_dir)
         self.model = net.to(device=self.device, dtype=self.dtype).eval()
-        self.model.inv_freq = self.model.inv_freq.float()  # RoPE angles stay float32
+        # RoPE angles stay float32 whatever the weights' type (as in transformers).
+        self.model.inv_freq = self.config.rope_inv_freq().to(self.device)
 
         elem = torch.empty((), dtype=self.dtype).element_size()
         p = self.profile

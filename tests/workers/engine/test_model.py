@@ -13,6 +13,7 @@ import torch
 from tests.workers.engine.conftest import write_random_checkpoint
 from workers.engine import LLM
 from workers.engine.config import UnsupportedModelError
+from workers.engine_api import SamplingParams
 
 LENGTHS = (1, 15, 16, 17, 130, 600)
 
@@ -57,6 +58,32 @@ def test_masked_sdpa_path_for_gpus_matches_the_cpu_flash_path(tiny_model: Path) 
     flash = llm.llm_engine.score(ids, chunk_size=64)
     llm.llm_engine.runner.use_cpu_flash = False
     torch.testing.assert_close(llm.llm_engine.score(ids, chunk_size=64), flash, atol=1e-4, rtol=0)
+
+
+def test_gather_decode_path_for_gpus_matches_the_cpu_kernel(tiny_model: Path) -> None:
+
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, logprobs=0)
+    prompts = [some_ids(n, seed=n) for n in (5, 40, 300)]
+    llm = LLM(tiny_model, max_model_len=4096, block_size=16)
+    assert llm.llm_engine.runner.use_decode_kernel
+    kernel = llm.generate(prompts, params)
+    llm.llm_engine.runner.use_decode_kernel = False
+    gathered = llm.generate(prompts, params)
+    for a, b in zip(kernel, gathered, strict=True):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        assert a.outputs[0].logprobs == pytest.approx(b.outputs[0].logprobs, abs=1e-4)
+
+
+def test_bfloat16_weights_run_close_to_float32(tiny_model: Path, tiny_engine: LLM) -> None:
+    ids = some_ids(100, seed=4)
+    bf16 = LLM(tiny_model, max_model_len=4096, dtype="bfloat16")
+    assert not bf16.llm_engine.runner.use_decode_kernel  # the CPU kernel is float32-only
+    got = bf16.llm_engine.score(ids, chunk_size=33)
+    expected = tiny_engine.llm_engine.score(ids)
+    assert got.dtype == torch.float32
+    assert (got.argmax(-1) == expected.argmax(-1)).float().mean() > 0.9
+    out = bf16.generate([ids], SamplingParams(temperature=0, max_tokens=8))
+    assert len(out[0].outputs[0].token_ids) == 8
 
 
 @pytest.mark.parametrize(
