@@ -116,10 +116,17 @@ class Adapter:
     steps: list[StepMetrics]
     engine_metrics: dict[str, RequestMetrics]
 
-    def add(self, r: Request, arrival: float) -> None: ...
-    def step(self) -> list[tuple[str, int, bool]]: ...  # (request id, new tokens, finished)
-    def has_work(self) -> bool: ...
-    def close(self) -> None: ...
+    def add(self, r: Request, arrival: float) -> None:
+        raise NotImplementedError
+
+    def step(self) -> list[tuple[str, int, bool]]:  # (request id, new tokens, finished)
+        raise NotImplementedError
+
+    def has_work(self) -> bool:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
 
 
 class ReferenceAdapter(Adapter):
@@ -183,7 +190,8 @@ class VLLMAdapter(Adapter):
         self.ids[str(internal) if internal is not None else r.request_id] = r.request_id
 
     def step(self) -> list[tuple[str, int, bool]]:
-        return [(self.ids.get(o.request_id, o.request_id), len(o.outputs[0].token_ids), o.finished) for o in self.engine.step()]
+        outs: list[Any] = self.engine.step()
+        return [(self.ids.get(o.request_id, o.request_id), len(o.outputs[0].token_ids), o.finished) for o in outs]
 
     def has_work(self) -> bool:
         return bool(self.engine.has_unfinished_requests())

@@ -65,7 +65,7 @@ class AsyncLLM:
         self.profile = resolve_profile(profile, profile_fields, self.max_model_len)
         self.model_name = served_model_name or self.model_dir.name
         self.tokenizer = Tokenizer(self.model_dir)
-        self._engine_kwargs = dict(device=device, dtype=dtype, max_model_len=max_model_len, seed=seed)
+        self._engine_kwargs: dict[str, Any] = dict(device=device, dtype=dtype, max_model_len=max_model_len, seed=seed)
         self.engine: LLMEngine | None = None
         self._observers: list[EngineObserver] = []
         self._streams: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}
@@ -81,11 +81,12 @@ class AsyncLLM:
         if self.engine is not None:
             return
         self._loop = asyncio.get_running_loop()
-        self.engine = await asyncio.to_thread(
-            LLMEngine, self.model_dir, profile=self.profile, served_model_name=self.model_name, **self._engine_kwargs
+        engine = await asyncio.to_thread(
+            lambda: LLMEngine(self.model_dir, profile=self.profile, served_model_name=self.model_name, **self._engine_kwargs)
         )
         for observer in self._observers:
-            self.engine.add_observer(observer)
+            engine.add_observer(observer)
+        self.engine = engine
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="reference-engine", daemon=True)
         self._thread.start()
@@ -145,7 +146,11 @@ class AsyncLLM:
         finally:
             self._streams.pop(request_id, None)
             if not finished and self.engine is not None:
-                self._submit(lambda: engine.abort_request(request_id))
+                self._submit(lambda: self._abort_quietly(engine, request_id))
+
+    @staticmethod
+    def _abort_quietly(engine: LLMEngine, request_id: str) -> None:
+        engine.abort_request(request_id)  # nobody is listening for its last output
 
     async def abort(self, request_id: str) -> None:
         engine = self._require_engine()

@@ -123,7 +123,11 @@ def decode_attention(
     # Split the tasks into contiguous ranges of about equal keys.
     work = np.repeat(context_lens, num_kv_heads).cumsum()
     bounds = [0] + [int(np.searchsorted(work, total_keys * num_kv_heads * w / workers)) for w in range(1, workers)] + [num_tasks]
-    futures = [_pool.submit(kernel, *args, bounds[w], bounds[w + 1]) for w in range(1, workers) if bounds[w] < bounds[w + 1]]
+    futures = [
+        _pool.submit(kernel, *args, bounds[w], bounds[w + 1])  # type: ignore[call-arg, arg-type]
+        for w in range(1, workers)
+        if bounds[w] < bounds[w + 1]
+    ]
     kernel(*args, bounds[0], bounds[1])
     for f in futures:
         f.result()

@@ -167,7 +167,7 @@ class LLMEngine:
         if any(not isinstance(s, str) or not s for s in params.stop):
             raise RequestError("stop strings must be non-empty strings.", "stop")
         if isinstance(prompt, dict):  # vLLM's TokensPrompt / TextPrompt
-            prompt = prompt.get("prompt_token_ids", prompt.get("prompt", ""))
+            prompt = prompt.get("prompt_token_ids", prompt.get("prompt")) or ""
         text: str | None
         if isinstance(prompt, str):
             text = prompt
@@ -191,7 +191,7 @@ class LLMEngine:
     def add_request(
         self,
         request_id: str,
-        prompt: str | list[int] | dict[str, Any],
+        prompt: str | list[int] | dict[str, Any] | None,
         params: SamplingParams | None = None,
         *,
         arrival_time: float | None = None,
@@ -200,7 +200,11 @@ class LLMEngine:
     ) -> Sequence:
         if request_id in self.requests:
             raise RequestError(f"request id {request_id!r} is already in use.", "request_id")
-        text, ids, params = checked or self.check_request(prompt, params)
+        if checked is None:
+            if prompt is None:
+                raise RequestError("the prompt is empty.", "prompt")
+            checked = self.check_request(prompt, params)
+        text, ids, params = checked
         limit = self.max_model_len if params.max_tokens is None else min(self.max_model_len, len(ids) + params.max_tokens)
         seq = Sequence(
             request_id, text, ids, params,

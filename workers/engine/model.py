@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -98,6 +99,8 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
+    inv_freq: torch.Tensor
+
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
@@ -110,6 +113,9 @@ class LlamaForCausalLM(nn.Module):
         self.register_buffer("inv_freq", config.rope_inv_freq(), persistent=False)
 
     # ---- running ---------------------------------------------------------
+    def decoder_layers(self) -> list[DecoderLayer]:
+        return cast(list[DecoderLayer], list(self.layers))
+
     def rope_cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
         return freqs.cos().to(dtype), freqs.sin().to(dtype)
@@ -117,7 +123,7 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         """Hidden states (before the final norm) of a packed step."""
         x = self.embed_tokens(input_ids)
-        for layer in self.layers:
+        for layer in self.decoder_layers():
             x = layer(x, ctx)
         return x
 
@@ -130,7 +136,7 @@ class LlamaForCausalLM(nn.Module):
         positions = torch.arange(length, device=input_ids.device).repeat(batch)
         cos, sin = self.rope_cos_sin(positions, self.embed_tokens.weight.dtype)
         x = self.embed_tokens(input_ids)
-        for layer in self.layers:
+        for layer in self.decoder_layers():
             x = layer.forward_dense(x, cos, sin)
         return self.lm_head(self.norm(x)).float()
 
@@ -139,7 +145,7 @@ class LlamaForCausalLM(nn.Module):
         """Weights under Hugging Face Llama names (q/k/v and gate/up split back)."""
         c = self.config
         out: dict[str, torch.Tensor] = {"model.embed_tokens.weight": self.embed_tokens.weight}
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.decoder_layers()):
             p = f"model.layers.{i}."
             q, k, v = layer.self_attn.qkv_proj.weight.split([c.q_size, c.kv_size, c.kv_size])
             out[p + "self_attn.q_proj.weight"] = q
@@ -191,7 +197,7 @@ class LlamaForCausalLM(nn.Module):
             param.copy_(value.to(param.dtype))
 
         put(self.embed_tokens.weight, take("model.embed_tokens.weight"), "model.embed_tokens.weight")
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.decoder_layers()):
             p = f"model.layers.{i}."
             attn = layer.self_attn
             qkv = torch.cat([take(p + f"self_attn.{x}_proj.weight") for x in "qkv"])

@@ -195,7 +195,7 @@ def build(out: Path, *, seed: int, train_steps: int = TRAIN_STEPS, log=None) -> 
         torch.manual_seed(seed)
         config = ModelConfig.from_dict(MODEL_CONFIG)
         model = LlamaForCausalLM(config)
-        _init_weights(model, std=float(MODEL_CONFIG["initializer_range"]))
+        _init_weights(model, std=0.02)  # MODEL_CONFIG["initializer_range"]
         generator = torch.Generator().manual_seed(seed)
         optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, betas=(0.9, 0.95), weight_decay=0.05)
         model.train()
