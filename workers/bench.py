@@ -174,7 +174,8 @@ class VLLMAdapter(Adapter):
             model=str(model), tokenizer=str(model), dtype="float32", seed=0, enforce_eager=True,
             max_model_len=max_model_len, enable_chunked_prefill=chunked,
             max_num_batched_tokens=profile["max_num_batched_tokens"], max_num_seqs=profile["max_num_seqs"],
-            block_size=profile["block_size"], kv_cache_memory_bytes=kv_cache_bytes, disable_log_stats=True,
+            block_size=profile["block_size"], kv_cache_memory_bytes=kv_cache_bytes,
+            disable_log_stats=False,  # per-request stats carry when each request was first scheduled
         )
         self.engine = LLMEngine.from_engine_args(EngineArgs(**kwargs), enable_multiprocessing=False)
         self.steps = []
@@ -191,7 +192,17 @@ class VLLMAdapter(Adapter):
 
     def step(self) -> list[tuple[str, int, bool]]:
         outs: list[Any] = self.engine.step()
-        return [(self.ids.get(o.request_id, o.request_id), len(o.outputs[0].token_ids), o.finished) for o in outs]
+        result = []
+        for o in outs:
+            request_id = self.ids.get(o.request_id, o.request_id)
+            stats = getattr(o, "metrics", None)
+            if stats is not None and getattr(stats, "scheduled_ts", 0.0):
+                own = self.engine_metrics.setdefault(request_id, RequestMetrics(arrival_time=0.0))
+                if own.first_scheduled_time is None:  # engine-core monotonic time, same clock in-process
+                    own.first_scheduled_time = stats.scheduled_ts
+                own.num_preemptions = stats.num_preemptions
+            result.append((request_id, len(o.outputs[0].token_ids), o.finished))
+        return result
 
     def has_work(self) -> bool:
         return bool(self.engine.has_unfinished_requests())
