@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from django.conf import settings
 from django.db.models import Model, QuerySet
 
 from controlplane.alerts.engine import State
 from controlplane.alerts.models import Alert, AlertTransition, Delivery, InboundAlert
+from controlplane.conf import setting
 
 BATCH_SIZE = 5000
 
@@ -26,8 +26,8 @@ def _delete_in_batches(qs: QuerySet[Model]) -> int:
 
 
 def purge(now: datetime) -> dict[str, int]:
-    history = now - timedelta(days=float(getattr(settings, "ALERT_HISTORY_RETENTION_DAYS", 30)))
-    deliveries = now - timedelta(days=float(getattr(settings, "ALERT_DELIVERY_RETENTION_DAYS", 7)))
+    history = now - timedelta(days=setting("ALERT_HISTORY_RETENTION_DAYS", 30.0))
+    deliveries = now - timedelta(days=setting("ALERT_DELIVERY_RETENTION_DAYS", 7.0))
     return {
         "transitions": _delete_in_batches(AlertTransition.objects.filter(at__lt=history)),
         # Alerts quiet since before the horizon (their remaining transitions go with them).

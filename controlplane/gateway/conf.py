@@ -23,6 +23,8 @@ from typing import Any
 
 from django.conf import settings
 
+from controlplane.conf import setting_from
+
 DEFAULTS: dict[str, Any] = {
     "GATEWAY_POLL_SECONDS": 1.0,
     "GATEWAY_LIVENESS_TTL_SECONDS": 5.0,
@@ -41,13 +43,7 @@ DEFAULTS: dict[str, Any] = {
 
 def get(name: str) -> Any:
     """settings.NAME, else the environment variable NAME, else the default."""
-    default = DEFAULTS[name]
-    if hasattr(settings, name):
-        return getattr(settings, name)
-    raw = os.environ.get(name)
-    if raw in (None, ""):
-        return default
-    return type(default)(raw)
+    return setting_from(DEFAULTS, name)
 
 
 def redis_prefix() -> str:

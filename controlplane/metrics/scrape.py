@@ -34,6 +34,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from controlplane.conf import setting
 from controlplane.metrics import catalogue, live
 from controlplane.metrics.models import (
     CounterReset,
@@ -56,7 +57,7 @@ T = TypeVar("T")
 
 def scrape_timeout_seconds() -> float:
     interval = float(settings.SCRAPE_INTERVAL)
-    return float(getattr(settings, "SCRAPE_TIMEOUT_SECONDS", 0) or max(0.5, min(interval * 0.8, 10.0)))
+    return float(setting("SCRAPE_TIMEOUT_SECONDS", 0.0) or max(0.5, min(interval * 0.8, 10.0)))
 
 
 @dataclass(frozen=True)

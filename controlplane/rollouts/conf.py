@@ -12,10 +12,9 @@ environment.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-from django.conf import settings
+from controlplane.conf import setting_from
 
 DEFAULTS: dict[str, Any] = {
     "ROLLOUT_SWEEP_INTERVAL_SECONDS": 10.0,
@@ -28,10 +27,4 @@ DEFAULTS: dict[str, Any] = {
 
 def get(name: str) -> Any:
     """settings.NAME, else the environment variable NAME, else the default."""
-    default = DEFAULTS[name]
-    if hasattr(settings, name):
-        return getattr(settings, name)
-    raw = os.environ.get(name)
-    if raw in (None, ""):
-        return default
-    return type(default)(raw)
+    return setting_from(DEFAULTS, name)
