@@ -235,13 +235,14 @@ class Gateway:
 
     def _models(self) -> dict[str, Any]:
         tables = self.holder.current.tables
-        return {
-            "object": "list",
-            "data": [
-                {"id": model, "object": "model", "created": 0, "owned_by": "chunkpilot"}
-                for model in sorted(tables)
-            ],
-        }
+        data = []
+        for model in sorted(tables):
+            card: dict[str, Any] = {"id": model, "object": "model", "created": 0, "owned_by": "chunkpilot"}
+            # vLLM's card field: clients (the load generator) size prompts by it.
+            if (max_model_len := tables[model].max_model_len) is not None:
+                card["max_model_len"] = max_model_len
+            data.append(card)
+        return {"object": "list", "data": data}
 
     def _epochs_by_model(self) -> dict[str, int]:
         return {model: table.epoch for model, table in self.holder.current.tables.items()}

@@ -75,13 +75,13 @@ def load_state() -> GatewayState:
             members[table_id].append((pool_id, pool_name, role, weight_bp))
     pool_ids = {m[0] for ms in members.values() for m in ms}
     workers: dict[int, list[WorkerTarget]] = collections.defaultdict(list)
-    for wid, name, url, pool_id, revision_id in (
+    for wid, name, url, pool_id, revision_id, max_model_len in (
         Worker.objects.routable()
         .filter(pool_id__in=pool_ids)
         .order_by("id")
-        .values_list("id", "name", "url", "pool_id", "running_revision_id")
+        .values_list("id", "name", "url", "pool_id", "running_revision_id", "max_model_len")
     ):
-        workers[pool_id].append(WorkerTarget(wid, name, url.rstrip("/"), pool_id, revision_id))
+        workers[pool_id].append(WorkerTarget(wid, name, url.rstrip("/"), pool_id, revision_id, max_model_len))
     keys = {
         key_hash: ClientKeyInfo(kid, is_admin)
         for kid, key_hash, is_admin in ClientKey.objects.filter(active=True).values_list("id", "key_hash", "is_admin")

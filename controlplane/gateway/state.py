@@ -30,6 +30,7 @@ class WorkerTarget:
     url: str  # base URL, no trailing slash
     pool_id: int
     revision_id: int | None  # what it runs, for the request log
+    max_model_len: int = 0  # as the worker reported it; 0: unknown
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,13 @@ class TableTarget:
     epoch: int
     pools: dict[int, PoolTarget]
     layout: Layout
+
+    @property
+    def max_model_len(self) -> int | None:
+        """The longest context every routable worker takes (a request may land
+        on any of them); None when no worker has reported one."""
+        lengths = [w.max_model_len for pool in self.pools.values() for w in pool.workers if w.max_model_len]
+        return min(lengths) if lengths else None
 
     def pool_for_role(self, role: Role) -> PoolTarget | None:
         for pool in self.pools.values():

@@ -108,6 +108,9 @@ def test_requests_without_a_valid_key_are_refused_with_401(start_gateway, start_
             assert complete(gw.url, user_key).status_code == 200
             models = httpx.get(f"{gw.url}/v1/models", headers={"authorization": f"Bearer {user_key}"}, timeout=5)
             assert [m["id"] for m in models.json()["data"]] == ["tiny"]
+            # The context length clients size prompts by: what the workers reported.
+            reported = Worker.objects.get(url=url).max_model_len
+            assert reported > 0 and models.json()["data"][0]["max_model_len"] == reported
             # A revoked key stops working as soon as the gateway hears of it.
             ClientKey.objects.update(active=False)
             ClientKey.objects.get().announce()  # outside a transaction: published at once

@@ -64,3 +64,15 @@ def test_a_snapshot_read_before_a_change_does_not_undo_it() -> None:
 def test_a_newer_snapshot_wins_and_a_deleted_table_goes() -> None:
     assert newest(state(epoch=5, canary=500), state(epoch=4)).tables["tiny"].epoch == 5
     assert newest(GatewayState(loaded_at=2.0), state()).tables == {}
+
+
+def test_a_tables_context_length_is_the_shortest_any_of_its_workers_reported() -> None:
+    def worker(wid: int, pid: int, max_model_len: int) -> WorkerTarget:
+        return WorkerTarget(wid, f"w{wid}", f"http://w{wid}", pid, None, max_model_len)
+
+    stable = PoolTarget(1, "p1", Role.STABLE, 9000, (worker(1, 1, 8192), worker(2, 1, 0)))
+    canary = PoolTarget(2, "p2", Role.CANARY, 1000, (worker(3, 2, 4096),))
+    assert build_table(id=1, model="m", salt="s", epoch=1, pools=[stable, canary]).max_model_len == 4096
+    assert build_table(id=1, model="m", salt="s", epoch=1, pools=[stable]).max_model_len == 8192
+    unknown = PoolTarget(1, "p1", Role.STABLE, 10000, (worker(2, 1, 0),))
+    assert build_table(id=1, model="m", salt="s", epoch=1, pools=[unknown]).max_model_len is None
