@@ -9,6 +9,7 @@ order; a new component (the gateway, the load generator) adds its
 from __future__ import annotations
 
 import importlib.util
+import os
 import secrets
 import socket
 import sys
@@ -25,6 +26,11 @@ ADMIN_USERNAME = "admin"
 # The tiny model knows 32K positions; the demo caps workers at 4K so the
 # monolithic profile's budget (which must cover a whole prompt) stays small.
 DEMO_MAX_MODEL_LEN = 4096
+
+# Steady client traffic through the gateway, so the figures have something to
+# show: the load generator's long-tail mix (one prompt in ten of thousands of
+# tokens) at this many requests per second. 0 turns it off.
+DEMO_TRAFFIC_RATE = float(os.environ.get("CHUNKPILOT_DEMO_RATE", "0.5"))
 
 # Three reference workers in two pools (name, pool).
 DEMO_WORKERS = [("ref-1", "stable"), ("ref-2", "stable"), ("ref-3", "canary")]
@@ -175,6 +181,18 @@ def processes(ctx: DemoContext) -> list[ProcessSpec]:
                     # engine has loaded, which the fleet page shows as it happens.
                     ready_url=f"http://127.0.0.1:{port}/health",
                     ready_on_any_status=True,
+                )
+            )
+        if DEMO_TRAFFIC_RATE > 0:
+            specs.append(
+                ProcessSpec(
+                    "traffic",
+                    [PYTHON, "-m", "workers", "loadgen", "--url", f"http://{ctx.host}:{ctx.gateway_port}",
+                     "--api-key", ctx.client_key, "--scenario", "long-tail", "--rate", str(DEMO_TRAFFIC_RATE),
+                     "--duration", "300", "--rounds", "0", "--wait", "600",
+                     # many conversations, so a canary at 10% gets its share
+                     "--sticky-keys", "200"],
+                    env=env,
                 )
             )
     return specs

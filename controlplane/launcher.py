@@ -124,6 +124,13 @@ class Running:
         self._log.close()
 
 
+_ATTENTION = ("WARNING", "ERROR", "CRITICAL", "Traceback", "Error:", "error:")
+
+
+def _needs_attention(line: str) -> bool:
+    return any(word in line for word in _ATTENTION)
+
+
 class Supervisor:
     """Start specs in order, watch them, stop them all on the first signal
     or the first unexpected exit."""
@@ -135,8 +142,13 @@ class Supervisor:
         self.stopping = threading.Event()
         self._echo_lock = threading.Lock()
         self._echo = echo or self._print
+        # Once everything is up, the console shows only what needs a human
+        # (the full output stays in each process's log file).
+        self.quiet = False
 
     def _print(self, line: str) -> None:
+        if self.quiet and not _needs_attention(line):
+            return
         with self._echo_lock:
             sys.stdout.write(line + "\n")
             sys.stdout.flush()

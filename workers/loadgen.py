@@ -466,36 +466,65 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--goodput", nargs="+", metavar="NAME:MS", help="SLOs: ttft:MS tpot:MS e2el:MS (default ttft:1000 tpot:100)")
     parser.add_argument("--no-ignore-eos", action="store_true", help="let outputs stop at EOS (real models)")
     parser.add_argument("--json", action="store_true", help="print the summary and per-request records as JSON")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="replay this many plans of --duration, seed +1 each, a summary after each (0: forever)")
+    parser.add_argument("--wait", type=float, default=0.0,
+                        help="seconds to wait for the server to serve its first request (e.g. workers still loading)")
 
 
-async def run(args: argparse.Namespace) -> dict[str, Any]:
+async def _connect(client: Client, wait_seconds: float) -> tuple[int | None, float]:
+    """Discover and calibrate, retrying for up to ``wait_seconds`` while the
+    server cannot serve yet (refused connections, 5xx, no model)."""
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        try:
+            client.model, max_model_len = await client.discover()
+            return max_model_len, await client.calibrate()
+        except (aiohttp.ClientError, IndexError, KeyError) as exc:
+            if time.monotonic() >= deadline:
+                raise aiohttp.ClientError(f"{client.url} is not serving: {exc}") from exc
+            await asyncio.sleep(1.0)
+
+
+async def run(args: argparse.Namespace, on_round: Any = None) -> dict[str, Any]:
+    """Replays ``args.rounds`` plans (0: until cancelled); returns the last
+    round's result and hands each to ``on_round`` as it finishes."""
     slos = parse_slos(args.goodput)
     client = Client(args.url, model=args.model, api_key=args.api_key, ignore_eos=not args.no_ignore_eos)
+    result: dict[str, Any] = {}
     try:
-        client.model, max_model_len = await client.discover()
-        tokens_per_word = await client.calibrate()
-        planned = plan(
-            args.scenario, duration_seconds=args.duration, rate=args.rate, seed=args.seed,
-            tokens_per_word=tokens_per_word, max_model_len=max_model_len, sticky_keys=args.sticky_keys,
-            burst_period_seconds=args.burst_period,
-        )
-        records, wall = await replay(client, planned, max_concurrency=args.max_concurrency)
+        max_model_len, tokens_per_word = await _connect(client, getattr(args, "wait", 0.0))
+        rounds = getattr(args, "rounds", 1)
+        index = 0
+        while rounds == 0 or index < rounds:
+            planned = plan(
+                args.scenario, duration_seconds=args.duration, rate=args.rate, seed=args.seed + index,
+                tokens_per_word=tokens_per_word, max_model_len=max_model_len, sticky_keys=args.sticky_keys,
+                burst_period_seconds=args.burst_period,
+            )
+            records, wall = await replay(client, planned, max_concurrency=args.max_concurrency)
+            summary = summarize(records, wall, slos)
+            summary.update(scenario=args.scenario, rate=args.rate, url=args.url, model=client.model,
+                           tokens_per_word=tokens_per_word, round=index)
+            result = {"summary": summary, "requests": [asdict(r) for r in records]}
+            if on_round is not None:
+                on_round(result)
+            index += 1
     finally:
         await client.close()
-    summary = summarize(records, wall, slos)
-    summary.update(scenario=args.scenario, rate=args.rate, url=args.url, model=client.model,
-                   tokens_per_word=tokens_per_word)
-    return {"summary": summary, "requests": [asdict(r) for r in records]}
+    return result
 
 
 def main(args: argparse.Namespace) -> int:
+    def report(result: dict[str, Any]) -> None:
+        if args.json:
+            print(json.dumps(result, indent=1, default=lambda x: None if isinstance(x, float) and math.isnan(x) else x))
+        else:
+            print(format_summary(result["summary"], f"{args.scenario} @ {args.rate:g} req/s"), flush=True)
+
     try:
-        result = asyncio.run(run(args))
+        result = asyncio.run(run(args, on_round=report))
     except (aiohttp.ClientError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if args.json:
-        print(json.dumps(result, indent=1, default=lambda x: None if isinstance(x, float) and math.isnan(x) else x))
-    else:
-        print(format_summary(result["summary"], f"{args.scenario} @ {args.rate:g} req/s"))
     return 0 if result["summary"]["successful_requests"] else 1

@@ -45,6 +45,16 @@ def log_in(base: str, password: str) -> httpx.Client:
     return client
 
 
+def gateway_requests(port: int) -> float:
+    """Requests the gateway answered 200, from its Prometheus exposition."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("chunkpilot:gateway_requests_total{") and 'status="200"' in line
+    )
+
+
 def test_demo_runs_everything_and_ctrl_c_stops_it_cleanly(tmp_path: Path, tiny_model: Path) -> None:
     port, gateway_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "CHUNKPILOT_TEST_DB", "CELERY_QUEUE", "CHANNELS_PREFIX")}
@@ -76,8 +86,15 @@ def test_demo_runs_everything_and_ctrl_c_stops_it_cleanly(tmp_path: Path, tiny_m
         )
         assert completion.status_code == 200, completion.text
         assert completion.json()["choices"][0]["message"]["content"] is not None
+        # The demo's own traffic flows through the gateway too (the figures
+        # pages have data): more completed requests than the one sent above.
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and gateway_requests(gateway_port) < 3:
+            time.sleep(1)
+        assert gateway_requests(gateway_port) >= 3
+        assert "long-tail mix at 0.5 req/s" in demo.output()
         assert embedded.socket_path(tmp_path).exists()
-        assert len(processes_using(tmp_path)) >= 7  # demo, web, celery ×2+, beat, 3 workers, redis
+        assert len(processes_using(tmp_path)) >= 8  # demo, web, celery ×2+, beat, 3 workers, traffic, redis
 
         os.kill(demo.pid, signal.SIGINT)
         demo.popen.wait(60)

@@ -24,11 +24,17 @@ from workers.loadgen import (
 DELAYS = [0.2, 0.05, 0.05, 0.3, 0.05]
 
 
-def timed_source(seen_headers: list[dict[str, str]], *, status: int = 200) -> Starlette:
+def timed_source(seen_headers: list[dict[str, str]], *, status: int = 200, unready_calls: int = 0) -> Starlette:
     """An OpenAI completions endpoint with known token timing (the edge the
-    load generator measures), recording what headers reached it."""
+    load generator measures), recording what headers reached it. Its first
+    ``unready_calls`` model listings answer 503, as a gateway whose workers
+    are still loading does."""
+    listings = []
 
     async def models(request: Request):
+        listings.append(1)
+        if len(listings) <= unready_calls:
+            return JSONResponse({"error": {"message": "no worker ready"}}, status_code=503)
         return JSONResponse({"object": "list", "data": [{"id": "timed", "object": "model", "max_model_len": 4096}]})
 
     async def completions(request: Request):
@@ -83,6 +89,38 @@ def test_client_side_ttft_itl_tpot_and_stall_are_measured_per_request():
     assert summary["successful_requests"] == 2
     assert abs(summary["max_gap_ms"]["p99"] - 300) < 100
     assert summary["tokens_per_word"] == 1.5  # 600 prompt tokens for the 400-word calibration
+
+
+def test_rounds_replay_fresh_plans_once_the_server_serves():
+    seen: list[dict[str, str]] = []
+    with ThreadedServer(timed_source(seen, unready_calls=2)) as server:
+        out = subprocess.run(
+            [PYTHON, "-m", "workers", "loadgen", "--url", server.url, "--json", "--scenario", "long-tail",
+             "--duration", "2", "--rate", "3", "--rounds", "2", "--wait", "10"],
+            cwd=ROOT, capture_output=True, text=True, timeout=120,
+        )
+    assert out.returncode == 0, out.stderr
+    decoder, text, rounds = json.JSONDecoder(), out.stdout.strip(), []
+    while text:
+        doc, end = decoder.raw_decode(text)
+        rounds.append(doc)
+        text = text[end:].strip()
+    assert [r["summary"]["round"] for r in rounds] == [0, 1]
+    assert all(r["summary"]["successful_requests"] == len(r["requests"]) > 0 for r in rounds)
+    assert len(seen) == sum(len(r["requests"]) for r in rounds)
+    # Round i replays the plan of seed + i, not the first one again.
+    for i, r in enumerate(rounds):
+        planned = plan("long-tail", duration_seconds=2, rate=3, seed=i, tokens_per_word=1.5, max_model_len=4096)
+        assert [q["target_prompt_tokens"] for q in r["requests"]] == [p.target_prompt_tokens for p in planned]
+
+
+def test_a_server_that_never_serves_is_an_error_after_the_wait():
+    with ThreadedServer(timed_source([], unready_calls=10**6)) as server:
+        out = subprocess.run(
+            [PYTHON, "-m", "workers", "loadgen", "--url", server.url, "--duration", "1", "--wait", "2"],
+            cwd=ROOT, capture_output=True, text=True, timeout=60,
+        )
+    assert out.returncode == 2 and "is not serving" in out.stderr and "503" in out.stderr
 
 
 def test_refusals_count_as_failures_before_the_first_byte():

@@ -33,6 +33,8 @@ class Command(BaseCommand):
             "--gateway-port", type=int, default=int(os.environ.get("CHUNKPILOT_GATEWAY_PORT", gateway_demo.GATEWAY_PORT))
         )
         parser.add_argument("--no-workers", action="store_true", help="control plane only")
+        parser.add_argument("--verbose", action="store_true",
+                            help="keep echoing every process's output after start-up (default: warnings and errors)")
         parser.add_argument("--model", type=Path, help="the workers' checkpoint (default: the tiny model, built on first use)")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -64,7 +66,8 @@ class Command(BaseCommand):
             for spec in demo.processes(ctx):
                 supervisor.start(spec)
             if not supervisor.stopping.is_set():
-                self._banner(ctx, supervisor.log_dir)
+                self._banner(ctx, supervisor.log_dir, verbose=options["verbose"])
+                supervisor.quiet = not options["verbose"]
                 exited = supervisor.watch()
         except LaunchError as exc:
             if not supervisor.stopping.is_set():
@@ -78,7 +81,7 @@ class Command(BaseCommand):
         if exited is not None:
             raise CommandError(f"{exited} exited; everything was stopped. Logs: {supervisor.log_dir}")
 
-    def _banner(self, ctx: demo.DemoContext, log_dir: Path) -> None:
+    def _banner(self, ctx: demo.DemoContext, log_dir: Path, *, verbose: bool) -> None:
         lines = [
             "",
             "Chunkpilot is running.",
@@ -87,8 +90,12 @@ class Command(BaseCommand):
             f"  Gateway:   http://{ctx.host}:{ctx.gateway_port}/v1 (OpenAI API, model {ctx.model_name},"
             f" key {ctx.client_key})",
             f"  Login:     {demo.ADMIN_USERNAME} / {ctx.admin_password}",
+            (f"  Traffic:   long-tail mix at {demo.DEMO_TRAFFIC_RATE:g} req/s through the gateway"
+             " (CHUNKPILOT_DEMO_RATE=0 turns it off)" if demo.DEMO_TRAFFIC_RATE > 0 and ctx.model_dir else
+             "  Traffic:   none"),
             f"  Logs:      {log_dir}",
-            "  Ctrl-C stops everything.",
+            "  Ctrl-C stops everything."
+            + ("" if verbose else " From here on the console shows warnings and errors only (--verbose: all)."),
             "",
         ]
         self.stdout.write(self.style.SUCCESS("\n".join(lines)))
