@@ -43,7 +43,7 @@ def ttft_page(fast: float, slow: float) -> Page:
     total = fast + slow
     return Page(
         counters={"chunkpilot:memory_byte_seconds_total": 1e9 + 4e6 * fast,
-                  "chunkpilot:kv_fragmentation_ratio_seconds_total": 0.01 * fast},
+                  "chunkpilot:kv_fragmentation_ratio_seconds_total": 0.0},  # a flat 0%
         histograms={TTFT: ([(0.1, fast), (1.0, fast), (2.5, total), (float("inf"), total)], 0.05 * fast + 2 * slow)},
         gauges={"chunkpilot:memory_recent_peak_bytes": 3e6},
     )
@@ -77,6 +77,10 @@ def test_the_panel_draws_its_charts_and_updates_them_when_a_scrape_arrives(page:
     for chart in CHARTS:
         expect(page.locator(f"#chart-{chart} canvas")).to_have_count(1)
         expect(page.locator(f"#chart-{chart}")).to_have_attribute("data-updates", "1")
+    # A flat 0% series gets a small band of its own, not uPlot's 0..100 (10000%).
+    flat = page.evaluate("""() => { const c = window.chunkpilotCharts['kv_fragmentation'];
+                                    return {values: c.payload.lines[0].values, max: c.plot.scales.y.max}; }""")
+    assert {v for v in flat["values"] if v is not None} == {0} and 0 < flat["max"] <= 0.02, flat
     before = chart_state(page, "ttft")
     assert before["points"] == 16 and before["last"] == pytest.approx(0.099, rel=1e-6)
     cell = page.locator('tr[data-group="stable"] td[data-figure="ttft_p99"]')

@@ -16,6 +16,19 @@
     return (Math.abs(v) >= 100 ? Math.round(v).toLocaleString() : v.toPrecision(3)) + suffix;
   }
 
+  // uPlot spans a flat series of zeros over 0..100, which a percent axis
+  // shows as 10000%: give flat lines a small band of their own instead.
+  function yRange(p) {
+    return function (u, min, max) {
+      if (min == null || max == null) return [0, 1];
+      if (min === max) {
+        var pad = Math.abs(max) * 0.1 || (p.display === "percent" ? 0.01 : 1);
+        return [min >= 0 ? Math.max(0, min - pad) : min - pad, max + pad];
+      }
+      return uPlot.rangeNum(min, max, 0.1, true);
+    };
+  }
+
   function payload(el) {
     var src = document.getElementById(el.getAttribute("data-source"));
     return src ? JSON.parse(src.textContent) : null;
@@ -26,7 +39,7 @@
     return {
       width: Math.max(300, el.clientWidth),
       height: 220,
-      scales: { x: { time: true } },
+      scales: { x: { time: true }, y: { range: yRange(p) } },
       legend: { live: true },
       series: [{}].concat(p.lines.map(function (line, i) {
         return { label: line.label, stroke: COLORS[i % COLORS.length], width: 2, spanGaps: false,
