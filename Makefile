@@ -9,7 +9,7 @@ PIP := $(PY) -m pip
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
 
-.PHONY: install demo test test-fast bench bench-heartbeats lint typecheck clean
+.PHONY: install demo test test-fast bench bench-heartbeats bench-gateway lint typecheck clean
 
 # One stamp per input: editing pyproject.toml or package.json reinstalls.
 $(VENV)/.stamp-python: pyproject.toml
@@ -25,8 +25,8 @@ $(VENV)/.stamp-python: pyproject.toml
 	$(PIP) install -q -e '.[dev]'
 	touch $@
 
-node_modules/.stamp: package.json
-	npm install --no-audit --no-fund --silent
+node_modules/.stamp: package.json package-lock.json
+	npm ci --no-audit --no-fund --silent
 	touch $@
 
 # Headless browser tests drive Debian's Chromium (a test tool's own browser
@@ -59,6 +59,19 @@ bench-heartbeats: install
 	-createdb -h 127.0.0.1 -U postgres chunkpilot_bench 2>/dev/null
 	DATABASE_URL=$(BENCH_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) CHANNELS_PREFIX=bench \
 	  $(PY) manage.py bench_heartbeats --workers 300 --rate 300 --duration 20 --server-processes 2
+
+# The gateway's added latency is measured beside nginx's on the same upstream.
+/usr/sbin/nginx:
+	@if [ "$$(id -u)" = 0 ]; then \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q nginx-light; \
+	else \
+	  echo "install Debian's nginx-light (sudo apt-get install nginx-light)"; exit 1; \
+	fi
+
+bench-gateway: install /usr/sbin/nginx
+	-createdb -h 127.0.0.1 -U postgres chunkpilot_bench 2>/dev/null
+	DATABASE_URL=$(BENCH_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) CHANNELS_PREFIX=bench \
+	  sh -c '$(PY) manage.py migrate -v0 && $(PY) manage.py bench_gateway'
 
 lint: install
 	$(VENV)/bin/ruff check controlplane workers dashboards tests
