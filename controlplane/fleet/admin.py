@@ -1,4 +1,5 @@
 from django.contrib import admin
+from django.db import models
 
 from controlplane.fleet.models import EnrollmentToken, Pool, Worker
 
@@ -12,6 +13,9 @@ class PoolAdmin(admin.ModelAdmin):
 
 @admin.register(Worker)
 class WorkerAdmin(admin.ModelAdmin):
+    # Workers listen on plain http inside the cluster; a URL typed without a
+    # scheme means that (Django 6 would assume https).
+    formfield_overrides = {models.URLField: {"assume_scheme": "http"}}
     list_display = ["name", "pool", "state", "engine_kind", "running_revision", "desired_revision",
                     "cordoned", "drain_requested", "last_heartbeat_at", "drift_since"]
     list_filter = ["state", "pool", "engine_kind", "cordoned", "drain_requested"]
