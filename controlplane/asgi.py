@@ -17,7 +17,8 @@ from dashboards.routing import websocket_urlpatterns  # noqa: E402
 application = ProtocolTypeRouter(
     {
         # Heartbeats skip Django's request stack (see controlplane/fleet/heartbeat.py).
-        "http": HeartbeatFastPath(django_asgi_app),
+        # Django's stubs type the ASGI scope as a plain dict, hence the ignore.
+        "http": HeartbeatFastPath(django_asgi_app),  # type: ignore[arg-type]
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

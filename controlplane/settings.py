@@ -146,7 +146,7 @@ else:
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
-            "NAME": DATA_DIR / "chunkpilot.sqlite3",
+            "NAME": str(DATA_DIR / "chunkpilot.sqlite3"),
             # Several processes share the file: wait for locks, write-ahead log.
             "OPTIONS": {
                 "timeout": 20,

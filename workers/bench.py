@@ -196,7 +196,7 @@ class VLLMAdapter(Adapter):
         for o in outs:
             request_id = self.ids.get(o.request_id, o.request_id)
             stats = getattr(o, "metrics", None)
-            if stats is not None and getattr(stats, "scheduled_ts", 0.0):
+            if stats is not None and getattr(stats, "scheduled_ts", None):
                 own = self.engine_metrics.setdefault(request_id, RequestMetrics(arrival_time=0.0))
                 if own.first_scheduled_time is None:  # engine-core monotonic time, same clock in-process
                     own.first_scheduled_time = stats.scheduled_ts
