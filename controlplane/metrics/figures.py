@@ -306,7 +306,10 @@ def _request_quantile(q: float, column: str) -> RequestFn:
 def _meets_objectives(w: RequestRows, objectives: Objectives) -> np.ndarray:
     # A one-token answer has no time per output token: it meets that objective.
     tpot_ok = np.isnan(w.tpot) | (w.tpot <= objectives.tpot_seconds)
-    return w.ok & (w.ttft <= objectives.ttft_seconds) & tpot_ok
+    # A request answered whole (not streamed) shows its client the first token
+    # with the last: its time to first token is its end-to-end time.
+    ttft = np.where(np.isnan(w.ttft), w.e2e, w.ttft)
+    return w.ok & (ttft <= objectives.ttft_seconds) & tpot_ok
 
 
 def _request_count_rate(which: Literal["all", "good"]) -> RequestFn:

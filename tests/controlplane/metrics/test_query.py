@@ -182,14 +182,15 @@ def test_bad_input_names_the_parameter(kwargs, field) -> None:
 
 
 def log_request(created: datetime, *, prompt_tokens: int, ttft: float | None, tpot: float | None = 0.05,
-                status: int = 200, error: str = "", cohort: str = "stable", w: Worker | None = None):
+                status: int = 200, error: str = "", cohort: str = "stable", w: Worker | None = None,
+                stream: bool = True, e2e: float | None = None):
     from controlplane.gateway.models import RequestLog
 
     return RequestLog.objects.create(
         request_id=f"r{RequestLog.objects.count()}", created_at=created, model="tiny", cohort=cohort,
         pool=w.pool if w else None, worker=w, prompt_tokens=prompt_tokens, output_tokens=10,
-        ttft_seconds=ttft, max_gap_seconds=(ttft or 0) / 2, tpot_seconds=tpot, e2e_seconds=(ttft or 0) + 1,
-        status=status, error=error, stream=True,
+        ttft_seconds=ttft, max_gap_seconds=(ttft or 0) / 2, tpot_seconds=tpot,
+        e2e_seconds=(ttft or 0) + 1 if e2e is None else e2e, status=status, error=error, stream=stream,
     )
 
 
@@ -223,6 +224,16 @@ def test_goodput_counts_requests_meeting_both_objectives(clock) -> None:
     assert query.query_many(["goodput", "goodput_ratio", "request_count"], 60, now=at(600)) == {
         "goodput": {"fleet": None}, "goodput_ratio": {"fleet": None}, "request_count": {"fleet": 0.0}
     }
+
+
+def test_goodput_judges_a_request_answered_whole_by_when_its_answer_arrived(clock) -> None:
+    # Not streamed: the gateway logs no TTFT or TPOT, only the end-to-end time.
+    log_request(at(1), prompt_tokens=10, ttft=None, tpot=None, stream=False, e2e=0.8)  # answer within the TTFT objective
+    log_request(at(2), prompt_tokens=10, ttft=None, tpot=None, stream=False, e2e=3.0)  # the client waited 3 s
+    log_request(at(3), prompt_tokens=10, ttft=None, tpot=None, stream=False, e2e=0.2, status=503, error="gone")
+    objectives = Objectives(ttft_seconds=1.0, tpot_seconds=0.1)
+    got = query.query_many(["goodput", "goodput_ratio"], 60, now=at(60), objectives=objectives)
+    assert got == {"goodput": {"fleet": pytest.approx(1 / 60)}, "goodput_ratio": {"fleet": pytest.approx(1 / 3)}}
 
 
 def test_retention_keeps_raw_scrapes_a_day_and_minutes_two_weeks_and_long_windows_read_minutes(clock) -> None:
