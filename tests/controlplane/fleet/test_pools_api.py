@@ -52,6 +52,40 @@ def test_pointing_a_pool_at_a_new_revision_starts_its_workers_drift_clocks(opera
     assert (event.before["desired_revision"], event.after["desired_revision"]) == (old.pk, new.pk)
 
 
+def test_put_replaces_a_pool_and_audits_it(operator_api: APIClient, operator: Any) -> None:
+    old = make_profile("put-old")
+    new = old.profile.add_revision({"max_num_batched_tokens": 1024})
+    pool = make_pool("put-me", old)
+    response = operator_api.put(
+        f"/api/v1/pools/{pool.pk}/", {"name": "put-me", "description": "replaced", "desired_revision": new.pk},
+        format="json",
+    )
+    assert response.status_code == 200, response.content
+    assert response.json()["desired"]["id"] == new.pk and response.json()["description"] == "replaced"
+    event = AuditEvent.objects.get(action="pool.update")
+    assert event.actor == operator
+    assert (event.before["desired_revision"], event.after["desired_revision"]) == (old.pk, new.pk)
+    assert (event.before["description"], event.after["description"]) == ("", "replaced")
+
+
+@pytest.mark.parametrize(
+    ("body", "bad_field"),
+    [({}, "name"), ({"name": "a b"}, "name"), ({"name": "dup"}, "name"),
+     ({"name": "put-me", "desired_revision": 999999}, "desired_revision")],
+)
+def test_put_with_bad_input_is_400_by_field_and_changes_nothing(
+    operator_api: APIClient, body: dict, bad_field: str
+) -> None:
+    make_pool("dup")
+    pool = make_pool("put-me")
+    response = operator_api.put(f"/api/v1/pools/{pool.pk}/", body, format="json")
+    assert response.status_code == 400
+    assert bad_field in response.json()
+    pool.refresh_from_db()
+    assert (pool.name, pool.desired_revision) == ("put-me", None)
+    assert not AuditEvent.objects.filter(action="pool.update").exists()
+
+
 def test_a_revision_a_pools_worker_cannot_run_is_refused(operator_api: APIClient) -> None:
     chunky = make_profile("ref-only", short_prompt_threshold=64)
     pool = make_pool("vllm-pool")

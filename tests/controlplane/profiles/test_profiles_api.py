@@ -94,6 +94,9 @@ def test_put_replaces_the_fields_missing_knobs_take_defaults(operator_api: APICl
     )
     assert response.status_code == 200, response.content
     assert response.json()["latest_revision"]["fields"]["max_num_seqs"] == 64
+    event = AuditEvent.objects.get(action="profile.update")
+    assert (event.before["revision"], event.after["revision"]) == (1, 2)
+    assert (event.before["fields"]["max_num_batched_tokens"], event.after["fields"]["max_num_batched_tokens"]) == (1024, 2048)
 
 
 def test_an_edit_that_changes_no_knob_adds_no_revision(operator_api: APIClient) -> None:
