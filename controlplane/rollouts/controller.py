@@ -425,7 +425,9 @@ _HANDLERS = {
 def run_gate(rollout_id: int, attempt: int) -> bool:
     """Replay the gate's prompts on a canary and a stable worker, then record
     the verdict. False when the replay could not be made (the error is on
-    the timeline; the next tick tries again, within the progress deadline)."""
+    the timeline; the next tick tries again, within the progress deadline).
+    Prompts that crossed too few chunk boundaries fail the gate (the rollout
+    aborts before any traffic): another try replays the same prompts."""
     from controlplane.fleet.health import State
     from controlplane.fleet.models import Worker
 
@@ -443,16 +445,20 @@ def run_gate(rollout_id: int, attempt: int) -> bool:
     profile = rollout.target_revision.engine_profile()
     # The shorter context of the two (0: neither said).
     max_model_len = min((n for n in (canary.max_model_len, stable.max_model_len) if n), default=0)
+    short = profile.short_prompt_threshold
     prompts: list[gate.Prompt] = list(settings.prompts)
     if not prompts:
-        prompts.extend(gate.default_prompts(profile.chunk_cap, max_model_len, settings.max_tokens))
+        prompts.extend(gate.default_prompts(profile.chunk_cap, max_model_len, settings.max_tokens, short))
     try:
         outcome = gate.run(canary.url, stable.url, prompts, settings.max_tokens, profile.chunk_cap,
-                           timeout_seconds=float(conf.get("ROLLOUT_GATE_TIMEOUT_SECONDS")))
+                           timeout_seconds=float(conf.get("ROLLOUT_GATE_TIMEOUT_SECONDS")),
+                           min_boundaries=gate.required_boundaries(profile.chunk_cap, max_model_len,
+                                                                   settings.max_tokens, short),
+                           short_prompt_threshold=short)
     except gate.GateError as exc:
         return _gate_error(rollout_id, attempt, str(exc))
-    details = {**outcome.details, "message": outcome.message, "canary_worker": canary.name,
-               "stable_worker": stable.name}
+    details = {**outcome.details, "message": outcome.message, "error": outcome.error,
+               "canary_worker": canary.name, "stable_worker": stable.name}
     with transaction.atomic():
         rollout = Rollout.objects.select_for_update().filter(
             pk=rollout_id, attempt=attempt, gate_status=GateStatus.PENDING, phase__lt=Phase.ABORTING).first()
@@ -465,8 +471,8 @@ def run_gate(rollout_id: int, attempt: int) -> bool:
         rollout.progress_at = now
         rollout.save(update_fields=["gate_status", "gate_result", "last_error", "progress_at"])
         kind = "gate_passed" if outcome.passed else "gate_failed"
-        rollout.record(kind, f"consistency gate {'passed' if outcome.passed else 'failed'}: {outcome.message}",
-                       data=details, now=now)
+        verdict = "passed" if outcome.passed else ("could not show anything" if outcome.error else "failed")
+        rollout.record(kind, f"consistency gate {verdict}: {outcome.message}", data=details, now=now)
         audit.record(rollout.actor, f"rollout.{kind}", rollout, None, details, time=now)
         rollout.changed()
     return True

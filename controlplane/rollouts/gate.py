@@ -5,11 +5,20 @@ never a restart of positions, so greedy output cannot change).
 
 The prompts are token-id lists, so their lengths are exact whatever the
 tokenizer: by default three, at 1.5, 2.5 and 3.5 chunk caps of the target
-(clipped to what the workers' context fits), so each crosses one to three
-chunk boundaries. Ids are drawn from [16, 1016) by a fixed generator: clear
-of the special tokens at the bottom of any vocabulary, inside every
-vocabulary we serve. An operator may give their own prompts (token-id lists
-or strings) in the rollout's ``gate`` settings.
+(past its ``short_prompt_threshold``, and clipped to what the workers'
+context fits), so each crosses one to three chunk boundaries. Ids are drawn
+from [16, 1016) by a fixed generator: clear of the special tokens at the
+bottom of any vocabulary, inside every vocabulary we serve. An operator may
+give their own prompts (token-id lists or strings) in the rollout's
+``gate`` settings.
+
+A gate whose prompts are never split proves nothing, so the longest prompt
+must cross at least ``MIN_BOUNDARIES`` chunk boundaries, or as many as the
+context allows (``required_boundaries``). Creation refuses prompts that
+cannot (``prompt_errors``: token-id lists exactly; a string by an upper
+bound, its UTF-8 bytes plus a BOS, since no tokenizer makes more tokens than
+that), and ``run`` reports an error, never a pass, when the prompts the
+workers actually tokenized crossed fewer.
 
 Each replay is a plain ``/v1/completions`` call to the worker itself with
 ``temperature: 0``, ``ignore_eos`` (so both run the full length) and vLLM's
@@ -28,6 +37,7 @@ ID_BASE = 16
 ID_SPAN = 1000
 DEFAULT_MAX_TOKENS = 12
 DEFAULT_CHUNK_MULTIPLES = (1.5, 2.5, 3.5)
+MIN_BOUNDARIES = 2
 TIMEOUT_SECONDS = 120.0
 
 Prompt = str | list[int]
@@ -75,18 +85,29 @@ def settings_errors(data: Any) -> list[str]:
     return errors
 
 
-def default_prompts(chunk_cap: int, max_model_len: int, max_tokens: int) -> list[list[int]]:
-    """Token-id prompts crossing 1, 2 and 3 chunk boundaries, each fitting
-    the context with room for the output."""
-    limit = max(1, max_model_len - max_tokens - 1) if max_model_len else None
+def default_prompts(chunk_cap: int, max_model_len: int, max_tokens: int,
+                    short_prompt_threshold: int | None = None) -> list[list[int]]:
+    """Token-id prompts crossing 1, 2 and 3 chunk boundaries (more, when
+    the target prefills prompts up to ``short_prompt_threshold`` whole),
+    each fitting the context with room for the output."""
+    limit = context_limit(max_model_len, max_tokens)
+    # Whole chunks added so the shortest prompt is past the short-prompt threshold.
+    first = int(chunk_cap * DEFAULT_CHUNK_MULTIPLES[0])
+    offset = chunk_cap * ((short_prompt_threshold - first) // chunk_cap + 1) \
+        if short_prompt_threshold is not None and first <= short_prompt_threshold else 0
     lengths = []
     for multiple in DEFAULT_CHUNK_MULTIPLES:
-        n = int(chunk_cap * multiple)
+        n = int(chunk_cap * multiple) + offset
         if limit is not None:
             n = min(n, limit)
         if n not in lengths:
             lengths.append(n)
     return [_ids(n, seed=i + 1) for i, n in enumerate(lengths)]
+
+
+def context_limit(max_model_len: int, max_tokens: int) -> int | None:
+    """The longest prompt that leaves room for the output (None: unknown)."""
+    return max(1, max_model_len - max_tokens - 1) if max_model_len else None
 
 
 def _ids(n: int, seed: int) -> list[int]:
@@ -98,9 +119,51 @@ def _ids(n: int, seed: int) -> list[int]:
     return out
 
 
-def chunks_crossed(prompt_len: int, chunk_cap: int) -> int:
-    """Chunk boundaries a prompt of this length crosses when prefilled alone."""
+def chunks_crossed(prompt_len: int, chunk_cap: int, short_prompt_threshold: int | None = None) -> int:
+    """Chunk boundaries a prompt of this length crosses when prefilled alone
+    (none when the target prefills it whole)."""
+    if short_prompt_threshold is not None and prompt_len <= short_prompt_threshold:
+        return 0
     return max(0, (prompt_len - 1) // max(1, chunk_cap))
+
+
+def required_boundaries(chunk_cap: int, max_model_len: int, max_tokens: int,
+                        short_prompt_threshold: int | None = None) -> int:
+    """``MIN_BOUNDARIES``, or fewer where the context cannot hold a prompt
+    that long (0 max_model_len: unknown, so the full requirement)."""
+    limit = context_limit(max_model_len, max_tokens)
+    if limit is None:
+        return MIN_BOUNDARIES
+    return min(MIN_BOUNDARIES, chunks_crossed(limit, chunk_cap, short_prompt_threshold))
+
+
+def prompt_errors(prompts: list[Prompt], chunk_cap: int, max_model_len: int, max_tokens: int,
+                  short_prompt_threshold: int | None = None) -> list[str]:
+    """Why the operator's prompts cannot make a real gate for this target;
+    empty when they can (or may: a string's token count is known only
+    when a worker tokenizes it, and ``run`` checks it then)."""
+    if not prompts:
+        return []
+    errors = []
+    limit = context_limit(max_model_len, max_tokens)
+    for i, p in enumerate(prompts):
+        if isinstance(p, list) and limit is not None and len(p) > limit:
+            errors.append(f"prompt #{i + 1} has {len(p)} tokens; the workers' context ({max_model_len}) "
+                          f"leaves room for at most {limit} with {max_tokens} output tokens.")
+    need = required_boundaries(chunk_cap, max_model_len, max_tokens, short_prompt_threshold)
+    most = max(chunks_crossed(_max_len(p), chunk_cap, short_prompt_threshold) for p in prompts)
+    if most < need:
+        errors.append(f"the prompts must cross at least {need} chunk boundaries of the target (chunk cap "
+                      f"{chunk_cap} tokens): the longest needs more than {need * chunk_cap} tokens"
+                      + (f" and more than short_prompt_threshold {short_prompt_threshold}"
+                         if short_prompt_threshold else "")
+                      + f", but crosses at most {most}. Give longer prompts, or none for the default set.")
+    return errors
+
+
+def _max_len(prompt: Prompt) -> int:
+    """A prompt's length in tokens, or for a string the most it can have."""
+    return len(prompt) if isinstance(prompt, list) else len(prompt.encode()) + 1
 
 
 @dataclass(frozen=True)
@@ -173,12 +236,15 @@ class GateOutcome:
     passed: bool
     message: str
     details: dict[str, Any]
+    error: bool = False  # not a verdict: the replays could not show what the gate must (too few boundaries)
 
 
 def run(canary_url: str, stable_url: str, prompts: list[Prompt], max_tokens: int, chunk_cap: int,
-        timeout_seconds: float = TIMEOUT_SECONDS) -> GateOutcome:
+        timeout_seconds: float = TIMEOUT_SECONDS, *, min_boundaries: int = MIN_BOUNDARIES,
+        short_prompt_threshold: int | None = None) -> GateOutcome:
     """Replay every prompt on both workers and compare. Raises GateError when
-    a replay could not be made."""
+    a replay could not be made; an error outcome (not a pass) when no
+    prompt crossed ``min_boundaries`` chunk boundaries."""
     replays: list[Replay] = []
     with httpx.Client(timeout=timeout_seconds) as client:
         for prompt in prompts:
@@ -189,13 +255,18 @@ def run(canary_url: str, stable_url: str, prompts: list[Prompt], max_tokens: int
             length = len(canary_prompt) or (len(prompt) if isinstance(prompt, list) else 0)
             replays.append(Replay(length, canary_out, stable_out))
     mismatches = compare(replays)
-    crossed = max((chunks_crossed(r.prompt_len, chunk_cap) for r in replays), default=0)
+    crossed = max((chunks_crossed(r.prompt_len, chunk_cap, short_prompt_threshold) for r in replays), default=0)
     details = {
         "canary_url": canary_url, "stable_url": stable_url, "chunk_cap": chunk_cap, "max_tokens": max_tokens,
         "prompt_lengths": [r.prompt_len for r in replays], "max_chunk_boundaries_crossed": crossed,
-        "mismatches": [m.to_json() for m in mismatches],
+        "min_chunk_boundaries": min_boundaries, "mismatches": [m.to_json() for m in mismatches],
     }
     if mismatches:
         return GateOutcome(False, mismatches[0].describe(), details)
-    return GateOutcome(True, f"{len(replays)} prompts ({', '.join(str(r.prompt_len) for r in replays)} tokens, "
-                             f"up to {crossed} chunk boundaries) identical token for token", details)
+    lengths = ", ".join(str(r.prompt_len) for r in replays)
+    if crossed < min_boundaries:
+        return GateOutcome(False, f"the prompts ({lengths} tokens) crossed at most {crossed} chunk boundaries of "
+                                  f"{chunk_cap} tokens, fewer than the {min_boundaries} needed: identical output "
+                                  "proves nothing about chunking; give longer prompts", details, error=True)
+    return GateOutcome(True, f"{len(replays)} prompts ({lengths} tokens, up to {crossed} chunk boundaries) "
+                             "identical token for token", details)

@@ -9,7 +9,11 @@ come from scraped histograms count the same requests.
 
 Rates (``*/s`` units) depend on how much traffic a pool gets, so they are
 divided by the pool's share of the routing weights: "throughput per 100% of
-traffic", comparable between a 10% canary and a 90% stable pool.
+traffic", comparable between a 10% canary and a 90% stable pool. The
+shares are today's, so rates are read only since the current step started
+(when that is shorter than the window): a window reaching back before the
+last weight change would count the canary's old, smaller share against its
+new one.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SAMPLE_FIGURE = "request_count"
+MIN_RATE_WINDOW_SECONDS = 5.0  # a shorter read is mostly noise: use the whole window then
 
 
 def sides(rollout: Rollout) -> tuple[tuple[str, str], tuple[str, str]]:
@@ -36,12 +41,19 @@ def sides(rollout: Rollout) -> tuple[tuple[str, str], tuple[str, str]]:
 
 
 def collect(rollout: Rollout, spec: RunSpec, weights: dict[str, int], now: datetime) -> dict[str, Sample]:
-    from controlplane.metrics import figures, query
+    from controlplane.metrics import query
 
     (canary, canary_role), (baseline, baseline_role) = sides(rollout)
-    names = sorted({rule.figure for rule in spec.metrics} | {SAMPLE_FIGURE})
+    rates = {rule.figure for rule in spec.metrics if _is_rate(rule.figure)}
+    names = sorted({rule.figure for rule in spec.metrics} - rates | {SAMPLE_FIGURE})
+    rate_window = spec.lookback_seconds
+    since_step = (now - rollout.step_started_at).total_seconds() if rollout.step_started_at else 0.0
+    if MIN_RATE_WINDOW_SECONDS <= since_step < rate_window:
+        rate_window = since_step
     try:
         values = query.query_many(names, spec.lookback_seconds, group_by="pool", now=now)
+        if rates:
+            values.update(query.query_many(sorted(rates), rate_window, group_by="pool", now=now))
     except Exception as exc:  # noqa: BLE001 - a failed query is an ERROR measurement, not a crash
         log.warning("rollout %s: metrics query failed", rollout.pk, exc_info=True)
         return {rule.name: Sample(None, None, 0, 0, error=f"{type(exc).__name__}: {exc}") for rule in spec.metrics}
@@ -51,10 +63,16 @@ def collect(rollout: Rollout, spec: RunSpec, weights: dict[str, int], now: datet
     for rule in spec.metrics:
         by_pool = values.get(rule.figure, {})
         c, b = by_pool.get(canary), by_pool.get(baseline)
-        if figures.get(rule.figure).unit.endswith("/s"):
+        if rule.figure in rates:
             c, b = _per_share(c, weights.get(canary_role, 0)), _per_share(b, weights.get(baseline_role, 0))
         out[rule.name] = Sample(c, b, n_canary, n_baseline)
     return out
+
+
+def _is_rate(figure: str) -> bool:
+    from controlplane.metrics import figures
+
+    return figures.get(figure).unit.endswith("/s")
 
 
 def _per_share(value: float | None, weight_bp: int) -> float | None:

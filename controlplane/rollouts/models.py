@@ -57,7 +57,13 @@ from controlplane.rollouts.evaluator import (
     Phase,
     RolloutState,
 )
-from controlplane.rollouts.gate import GateSettings, settings_errors
+from controlplane.rollouts.gate import (
+    GateSettings,
+    Prompt,
+    default_prompts,
+    prompt_errors,
+    settings_errors,
+)
 from controlplane.rollouts.judge import (
     AnalysisPhase,
     Check,
@@ -106,6 +112,10 @@ DEFAULT_METRICS: tuple[MetricRule, ...] = (
     MetricRule("stalls", "client_stall_p99", Direction.LOWER, Check.RATIO, max_ratio=1.5, floor=0.05),
     MetricRule("tpot", "client_tpot_p99", Direction.LOWER, Check.RATIO, max_ratio=1.5, floor=0.01),
     MetricRule("errors", "error_rate", Direction.LOWER, Check.ERROR_RATE, floor=0.01),
+    # Requests finished per 100% of traffic (measure.py scales each pool by
+    # its weight): a canary that falls behind its share finishes fewer. The
+    # cohorts split by hash, not exactly, hence the wide ratio.
+    MetricRule("throughput", "client_requests_per_second", Direction.HIGHER, Check.RATIO, max_ratio=2.0),
 )
 
 
@@ -148,7 +158,8 @@ class AnalysisTemplate(models.Model):
             name=plan.DEFAULT_TEMPLATE,
             defaults={
                 "description": "TTFT, ITL, stalls and TPOT P99 within 1.5× the baseline (with absolute floors), "
-                               "and no significant rise in the error rate.",
+                               "no significant rise in the error rate, and throughput per share of traffic at "
+                               "least half the baseline's.",
                 "metrics": [m.to_json() for m in DEFAULT_METRICS],
                 "interval_seconds": 60.0, "count": 3, "initial_delay_seconds": 30.0,
                 "failure_limit": 0, "inconclusive_limit": 1, "consecutive_error_limit": 2,
@@ -520,7 +531,11 @@ def creation_errors(
         AnalysisTemplate.objects.filter(name__in=plan.templates_named(parsed)).values_list("name", flat=True))
     for name in sorted(missing):
         add("steps", f"analysis template `{name}` does not exist.")
-    for message in settings_errors(gate):
+    gate_errors = settings_errors(gate)
+    if not gate_errors and not fast_track:
+        gate_errors = gate_prompt_errors(GateSettings.from_json(gate), target_revision,
+                                         [p for p in (stable_pool, canary_pool, baseline_pool) if p is not None])
+    for message in gate_errors:
         add("gate", message)
     if not (progress_deadline_seconds and progress_deadline_seconds > 0):
         add("progress_deadline_seconds", "must be a positive number of seconds.")
@@ -534,6 +549,24 @@ def creation_errors(
     if not fast_track and table.weights().get("canary", 0) != 0:
         add("canary_pool", "the canary pool already takes traffic; set its weight to 0 first.")
     return errors
+
+
+def gate_prompt_errors(settings: GateSettings, target_revision: ProfileRevision, pools: list[Pool]) -> list[str]:
+    """The gate's prompts (the operator's or the default set) must cross
+    enough chunk boundaries of the target, as far as the pools' workers'
+    context allows (their shortest; unknown when none says)."""
+    from controlplane.fleet.models import Worker
+
+    profile = target_revision.engine_profile()
+    if not (settings.enabled and profile.is_chunked):
+        return []
+    lengths = Worker.objects.filter(pool__in=pools, max_model_len__gt=0).values_list("max_model_len", flat=True)
+    max_model_len = min(lengths, default=0)
+    short = profile.short_prompt_threshold
+    prompts: list[Prompt] = list(settings.prompts)
+    if not prompts:
+        prompts.extend(default_prompts(profile.chunk_cap, max_model_len, settings.max_tokens, short))
+    return prompt_errors(prompts, profile.chunk_cap, max_model_len, settings.max_tokens, short)
 
 
 class RolloutEvent(models.Model):

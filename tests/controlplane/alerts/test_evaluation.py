@@ -275,3 +275,128 @@ def test_editing_a_rules_labels_resolves_the_old_label_sets_and_fires_the_new(on
     evaluation.evaluate(at(15))
     states = {a.labels["severity"]: a.state_label for a in Alert.objects.all()}
     assert states == {"warning": "resolved", "critical": "firing"}
+
+
+# ---- worker labels in a selector ------------------------------------------------------------
+
+
+def test_a_selector_with_worker_labels_only_counts_those_workers(only_my_rules: None, clock: Any) -> None:
+    a, b, c = worker("w1", "gpu-a"), worker("w2", "gpu-a"), worker("w3", "gpu-b")
+    Worker.objects.filter(pk=a.pk).update(labels={"zone": "eu-1", "gpu": "h100"})
+    Worker.objects.filter(pk=b.pk).update(labels={"zone": "us-1", "gpu": "h100"})
+    Worker.objects.filter(pk=c.pk).update(labels={"zone": "eu-1", "gpu": "a10"})
+    rule(selector={"labels": {"zone": "eu-1", "gpu": "h100"}}, for_seconds=0)
+    scrape_fragmentation(60, {a: 0.8, b: 0.9, c: 0.95})  # every one of them fragmented
+    evaluation.evaluate(at(60))
+    assert states() == {"w1": "firing"}  # only the worker with both labels
+
+
+def test_a_fleet_figure_with_worker_labels_counts_only_those_workers(only_my_rules: None, clock: Any) -> None:
+    a, b = worker("w1", "gpu-a"), worker("w2", "gpu-a")
+    Worker.objects.filter(pk=a.pk).update(labels={"zone": "eu-1"}, state=WorkerState.OFFLINE)
+    Worker.objects.filter(pk=b.pk).update(labels={"zone": "us-1"}, state=WorkerState.OFFLINE)
+    rule(name="EUWorkersMissing", figure="worker_missing", group_by="pool", threshold=0, window_seconds=60,
+         for_seconds=0, selector={"labels": {"zone": "eu-1"}})
+    evaluation.evaluate(at(0))
+    alert = Alert.objects.get()
+    assert alert.state == State.FIRING and alert.labels["pool"] == "gpu-a"
+    assert alert.value == 1.0  # w1 only: w2 is missing too but not in eu-1
+
+
+# ---- the shipped rules fire on the data they are about ----------------------------------------
+
+
+def ship(key: str) -> AlertRule:
+    AlertRule.objects.filter(key=key).update(enabled=True)
+    return AlertRule.objects.get(key=key)
+
+
+def log_requests(pool: str, *, since: float, until: float, every: float, max_gap: float = 0.1,
+                 error_every: int = 0) -> None:
+    """The gateways' request log for one pool: a request each ``every`` s in
+    [since, until); each ``error_every``-th failed with a 500."""
+    from controlplane.gateway.models import RequestLog
+
+    p, _ = Pool.objects.get_or_create(name=pool)
+    rows, t, i = [], since, 0
+    while t < until:
+        failed = bool(error_every) and i % error_every == 0
+        rows.append(RequestLog(request_id=f"{pool}-{i}", created_at=at(t), model="tiny", cohort="stable", pool=p,
+                               status=500 if failed else 200, ttft_seconds=None if failed else 0.2,
+                               max_gap_seconds=None if failed else max_gap, tpot_seconds=0.02, e2e_seconds=1.0,
+                               prompt_tokens=500, output_tokens=50))
+        t, i = t + every, i + 1
+    RequestLog.objects.bulk_create(rows)
+
+
+def step(ticks: list[float], clock: Any) -> list[dict[str, str]]:
+    seen = []
+    for t in ticks:
+        clock.move_to(at(t))
+        evaluation.evaluate(at(t))
+        seen.append(states())
+    return seen
+
+
+def test_shipped_stream_stalls_high_fires_after_five_minutes_of_long_gaps(only_my_rules: None, clock: Any) -> None:
+    ship("stalls-high")
+    log_requests("monolithic", since=-290, until=310, every=3, max_gap=3.5)  # multi-second gaps
+    log_requests("chunked", since=-290, until=310, every=3, max_gap=0.3)
+    assert step([0, 150, 300], clock) == [{"monolithic": "pending"}] * 2 + [{"monolithic": "firing"}]
+    alert = Alert.objects.get()
+    assert alert.labels == {"alertname": "StreamStallsHigh", "severity": "warning", "pool": "monolithic"}
+    assert alert.value == pytest.approx(3.5)
+    assert "longest gap between tokens is 3.5 s" in alert.live_annotations()["summary"]
+
+
+def test_shipped_error_rate_high_fires_after_two_minutes_over_five_percent(only_my_rules: None, clock: Any) -> None:
+    ship("error-rate-high")
+    log_requests("broken", since=-290, until=130, every=1, error_every=10)  # 10% fail
+    log_requests("healthy", since=-290, until=130, every=1, error_every=100)  # 1% fail
+    assert step([0, 60, 120], clock) == [{"broken": "pending"}] * 2 + [{"broken": "firing"}]
+    alert = Alert.objects.get()
+    assert alert.labels == {"alertname": "ErrorRateHigh", "severity": "critical", "pool": "broken"}
+    assert alert.value == pytest.approx(0.1, abs=0.01)
+
+
+def test_shipped_kv_fragmentation_high_fires_after_ten_minutes_per_worker(only_my_rules: None, clock: Any) -> None:
+    ship("kv-fragmentation-high")
+    w1, w2 = worker("w1", "gpu-a"), worker("w2", "gpu-a")
+    scrape_fragmentation(1200, {w1: 0.7, w2: 0.2})
+    assert step([600, 900, 1200], clock) == [{"w1": "pending"}] * 2 + [{"w1": "firing"}]
+    alert = Alert.objects.get()
+    assert alert.labels == {"alertname": "KVFragmentationHigh", "severity": "warning", "worker": "w1"}
+    assert alert.value == pytest.approx(0.7)
+
+
+def test_shipped_memory_peak_to_mean_high_fires_after_ten_minutes_per_worker(only_my_rules: None, clock: Any) -> None:
+    ship("memory-peak-to-mean-high")
+    spiky, flat = worker("w1", "gpu-a"), worker("w2", "gpu-a")
+    jobs = {spiky: job(spiky), flat: job(flat)}
+    mean_bytes = 1e9
+    peaks = {spiky: 3e9, flat: 1.5e9}  # 3x and 1.5x the time-weighted mean
+    for t in range(5, 1201, 5):
+        store(at(t), {jobs[w]: Page(counters={"chunkpilot:memory_byte_seconds_total": mean_bytes * t},
+                                    gauges={"chunkpilot:memory_recent_peak_bytes": peaks[w],
+                                            "chunkpilot:memory_bytes": mean_bytes}) for w in (spiky, flat)})
+    assert step([600, 900, 1200], clock) == [{"w1": "pending"}] * 2 + [{"w1": "firing"}]
+    alert = Alert.objects.get()
+    assert alert.labels == {"alertname": "MemoryPeakToMeanHigh", "severity": "warning", "worker": "w1"}
+    assert alert.value == pytest.approx(3.0, rel=0.02)
+
+
+def test_shipped_rules_stay_quiet_on_a_healthy_fleet(only_my_rules: None, clock: Any) -> None:
+    for key in ("stalls-high", "error-rate-high", "kv-fragmentation-high", "memory-peak-to-mean-high"):
+        ship(key)
+    w1 = worker("w1", "gpu-a")
+    log_requests("gpu-a", since=-290, until=1210, every=2, max_gap=0.4, error_every=100)
+    for t in range(5, 1201, 5):
+        store(at(t), {job(w1): Page(counters={FRAG: 100 + 0.2 * t, "chunkpilot:memory_byte_seconds_total": 1e9 * t},
+                                    gauges={"chunkpilot:memory_recent_peak_bytes": 1.3e9,
+                                            "chunkpilot:memory_bytes": 1e9})})
+    # From 600 s on, when the scrapes fill the rules' 10-minute windows: before that the
+    # time-weighted mean is the integral over the whole window, so a worker younger
+    # than the window reads a lower mean and a higher peak/mean.
+    seen = step([600, 900, 1200], clock)
+    assert seen == [{}] * 3, [(a.name, a.labels, a.value) for a in Alert.objects.all()]
+    assert not AlertTransition.objects.exists()

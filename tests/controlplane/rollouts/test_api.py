@@ -60,6 +60,7 @@ def test_a_named_template_fills_the_default_plan(operator_api: APIClient, fleet)
         ({"steps": [{"analysis": {"template": "nope"}}]}, "steps"),
         ({"gate": {"max_tokens": 0}}, "gate"),
         ({"gate": {"prompts": [""]}}, "gate"),
+        ({"gate": {"prompts": [[16] * 100]}}, "gate"),  # one chunk boundary of the target's 64 tokens: too few
         ({"model": "no-such-model"}, "model"),
         ({"baseline_pool": "CANARY"}, "baseline_pool"),
         ({"progress_deadline_seconds": 0}, "progress_deadline_seconds"),
@@ -120,6 +121,52 @@ def test_buttons_that_do_not_fit_the_phase_are_a_400(operator_api: APIClient, fl
     r = operator_api.post(f"/api/v1/rollouts/{rollout_id}/{action}/")
     assert r.status_code == 400
     assert "non_field_errors" in r.json()
+
+
+@pytest.mark.parametrize(
+    ("action", "phase", "flag"),
+    [
+        ("promote", "PAUSED", "promote_requested"),
+        ("promote", "PROGRESSING", "promote_requested"),
+        ("skip-step", "PROGRESSING", "skip_step_requested"),
+        ("skip-step", "PAUSED", "skip_step_requested"),
+        ("retry", "ABORTED", "retry_requested"),
+    ],
+)
+def test_buttons_that_fit_the_phase_set_their_flag_and_write_an_audit_row(operator_api: APIClient, fleet, action,
+                                                                           phase, flag) -> None:
+    rollout_id = operator_api.post("/api/v1/rollouts/", body(fleet), format="json").json()["id"]
+    Rollout.objects.filter(pk=rollout_id).update(phase=getattr(Rollout.Phase, phase))
+    r = operator_api.post(f"/api/v1/rollouts/{rollout_id}/{action}/")
+    assert r.status_code == 200, r.json()
+    verb = flag.removesuffix("_requested")
+    assert action in r.json()["flags"] and r.json()["phase"] == phase.lower()  # the reconciler acts, not the view
+    rollout = Rollout.objects.get(pk=rollout_id)
+    assert getattr(rollout, flag)
+    audit = AuditEvent.objects.get(action=f"rollout.{verb}", object_id=str(rollout_id))
+    assert audit.actor_repr.startswith("operator")
+    assert (audit.before, audit.after) == ({flag: False}, {flag: True})
+    assert rollout.events.filter(kind=f"{verb}_requested").exists()
+
+
+def test_rollback_of_a_succeeded_rollout_starts_a_fast_tracked_one_and_writes_an_audit_row(
+        operator_api: APIClient, fleet) -> None:
+    rollout_id = operator_api.post("/api/v1/rollouts/", body(fleet), format="json").json()["id"]
+    Rollout.objects.filter(pk=rollout_id).update(phase=Rollout.Phase.SUCCEEDED)
+    r = operator_api.post(f"/api/v1/rollouts/{rollout_id}/rollback/")
+    assert r.status_code == 201, r.json()
+    back = r.json()
+    assert back["id"] != rollout_id and back["fast_track"] and back["steps"] == []
+    assert back["rollback_of"] == rollout_id
+    assert back["target_revision"]["id"] == fleet.stable_revision.pk
+    assert back["stable_revision"]["id"] == fleet.target_revision.pk
+    assert back["gate_status"] == "skipped"
+    audit = AuditEvent.objects.get(action="rollout.rollback")
+    assert audit.actor_repr.startswith("operator") and audit.object_id == str(back["id"])
+    assert audit.after["fast_track"] and audit.after["target_revision"] == fleet.stable_revision.pk
+    # only once: the first rollback is still running
+    again = operator_api.post(f"/api/v1/rollouts/{rollout_id}/rollback/")
+    assert again.status_code == 400 and "still running" in again.json()["non_field_errors"][0]
 
 
 def test_a_finished_rollout_cannot_be_aborted_but_can_be_deleted(operator_api: APIClient, fleet) -> None:

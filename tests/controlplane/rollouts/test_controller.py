@@ -206,6 +206,19 @@ def test_abort_sets_canary_weight_to_zero_before_the_canary_moves(clock, fleet,
     assert audit.actor_repr == "tester" and audit.after["source"] == "ui"
 
 
+def test_a_succeeded_rollout_notifies_its_completion(clock, fleet, django_capture_on_commit_callbacks) -> None:
+    with django_capture_on_commit_callbacks(execute=True):
+        r = settle(fleet, start(fleet, [{"set_weight": 10000}]))
+    assert r.phase == Phase.SUCCEEDED, r.message
+    # receivers hear of it: an Alertmanager-style event through the alerts app, once
+    notice = Alert.objects.get(labels__alertname="RolloutCompleted", labels__rollout=str(r.pk))
+    assert notice.labels["severity"] == "info"
+    assert notice.labels["pool"] == fleet.stable.name and notice.labels["target_revision"] == str(fleet.target_revision)
+    assert "succeeded" in notice.annotations["summary"]
+    assert notice.annotations["dashboard_url"].endswith(f"/rollouts/{r.pk}/")
+    assert not Alert.objects.filter(labels__alertname__in=["RolloutAborted", "RolloutPaused"]).exists()
+
+
 def test_a_retry_starts_again_from_the_first_step(clock, fleet) -> None:
     r = settle(fleet, start(fleet, [{"set_weight": 2500}, {"pause": {}}]))
     r.request_abort("tester")

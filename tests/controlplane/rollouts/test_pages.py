@@ -132,3 +132,52 @@ def test_an_htmx_button_answers_with_the_live_part(fleet) -> None:
     html = reply.content.decode()
     assert reply.status_code == 200 and html.lstrip().startswith('<div id="rollout-live"')
     assert "cannot promote a rollout that is pending" in html and 'class="error"' in html
+
+
+def test_the_roll_back_button_starts_a_fast_tracked_rollout_and_opens_it(fleet) -> None:
+    r = rollout_of(fleet)
+    Rollout.objects.filter(pk=r.pk).update(phase=Rollout.Phase.SUCCEEDED)
+    client = client_for(Role.OPERATOR)
+    html = client.get(f"/rollouts/{r.pk}/").content.decode()
+    assert f'action="/rollouts/{r.pk}/rollback/"' in html and "Roll back" in html
+    assert f'action="/rollouts/{r.pk}/abort/"' not in html  # a finished rollout has nothing to abort
+    reply = client.post(f"/rollouts/{r.pk}/rollback/")
+    back = Rollout.objects.exclude(pk=r.pk).get()
+    assert reply.status_code == 302 and reply["Location"] == f"/rollouts/{back.pk}/"
+    assert back.fast_track and back.rollback_of_id == r.pk and back.steps == []
+    assert (back.stable_revision_id, back.target_revision_id) == (fleet.target_revision.pk, fleet.stable_revision.pk)
+    audit = AuditEvent.objects.get(action="rollout.rollback")
+    assert audit.object_id == str(back.pk) and audit.actor_repr.startswith("operator")
+    page = client.get(reply["Location"]).content.decode()
+    assert f"Rollback started: rollout {back.pk}." in page
+
+
+def test_the_roll_back_button_from_htmx_navigates_to_the_new_rollout(fleet) -> None:
+    r = rollout_of(fleet)
+    Rollout.objects.filter(pk=r.pk).update(phase=Rollout.Phase.SUCCEEDED)
+    reply = client_for(Role.OPERATOR).post(f"/rollouts/{r.pk}/rollback/", HTTP_HX_REQUEST="true")
+    back = Rollout.objects.exclude(pk=r.pk).get()
+    assert reply.status_code == 204 and reply["HX-Redirect"] == f"/rollouts/{back.pk}/"
+
+
+def test_the_roll_back_button_on_a_running_rollout_is_refused_and_says_why(fleet) -> None:
+    r = rollout_of(fleet)
+    reply = client_for(Role.OPERATOR).post(f"/rollouts/{r.pk}/rollback/", follow=True)
+    assert "only a succeeded rollout can be rolled back" in reply.content.decode()
+    assert Rollout.objects.count() == 1 and not AuditEvent.objects.filter(action="rollout.rollback").exists()
+
+
+def test_a_profile_page_links_each_revision_to_a_new_rollout_for_operators(fleet) -> None:
+    profile = fleet.target_revision.profile
+    html = client_for(Role.OPERATOR).get(f"/profiles/{profile.pk}/").content.decode()
+    assert (f'href="/rollouts/new/?revision={fleet.target_revision.pk}" data-rollout-revision='
+            f'"{fleet.target_revision.pk}">Roll out this revision</a>') in html  # the latest, at the top
+    assert f'href="/rollouts/new/?revision={fleet.stable_revision.pk}"' in html  # and each revision's row
+    # the link opens the form with that revision chosen
+    form = client_for(Role.OPERATOR).get(f"/rollouts/new/?revision={fleet.stable_revision.pk}").content.decode()
+    assert f'value="{fleet.stable_revision.pk}" selected' in form
+
+
+def test_a_profile_page_offers_viewers_no_rollout(fleet) -> None:
+    html = client_for(Role.VIEWER).get(f"/profiles/{fleet.target_revision.profile.pk}/").content.decode()
+    assert "/rollouts/new/" not in html and "Roll out this revision" not in html
