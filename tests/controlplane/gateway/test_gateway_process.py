@@ -26,7 +26,7 @@ from rest_framework.test import APIClient
 from controlplane.accounts.roles import Role
 from controlplane.fleet.models import Worker
 from controlplane.gateway.models import ClientKey, RequestLog, RoutingTable
-from tests.controlplane.factories import api_client, make_user
+from tests.controlplane.factories import api_client, heartbeat_request, make_profile, make_user
 from tests.controlplane.gateway.factories import routed_model
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -159,6 +159,30 @@ def test_streams_arrive_intact_through_the_openai_client(start_gateway, start_wo
         assert not plain_row.stream and plain_row.output_tokens == 4 and plain_row.ttft_seconds is None
 
 
+def test_a_stream_is_passed_through_event_by_event_not_buffered(start_gateway, start_worker, user_key) -> None:
+    """Tokens 0.4 s apart: the client has the first event while the worker
+    is still streaming the rest."""
+    with start_worker("slow", ttft_ms=5, itl_ms=400) as (url, _):
+        routed_model(urls={"stable": [url]})
+        with start_gateway() as gw:
+            assert complete(gw.url, user_key).status_code == 200  # connections warm
+            started = time.monotonic()
+            with httpx.stream("POST", f"{gw.url}/v1/completions", timeout=30,
+                              json={"model": "tiny", "prompt": "hi", "max_tokens": 6, "stream": True},
+                              headers={"authorization": f"Bearer {user_key}"}) as r:
+                assert r.status_code == 200
+                chunks = r.iter_raw()
+                first = next(chunks)
+                first_at = time.monotonic() - started
+                in_flight = httpx.get(f"{url}/stats", timeout=5).json()["in_flight"]
+                rest = b"".join(chunks)
+            finished_at = time.monotonic() - started
+    assert first.startswith(b"data: ") and b" slow-0" in first and b" slow-1" not in first
+    assert in_flight == 1  # the worker had not finished the stream
+    assert first_at < 1.0 and finished_at > 1.9  # five gaps of 0.4 s came after the first event
+    assert b" slow-5" in rest and rest.endswith(b"data: [DONE]\n\n")
+
+
 # ---- cohorts ---------------------------------------------------------------------------
 def test_the_same_key_gets_the_same_cohort_across_two_gateways_and_a_restart(start_gateway, start_worker, user_key) -> None:
     sessions = [f"conversation-{i}" for i in range(300)]
@@ -247,6 +271,27 @@ def test_every_gateways_ack_is_visible_after_a_weight_change(start_gateway, star
         # Stopped gateways withdraw: nothing is left to wait for.
         assert table.wait_for_acks(epoch + 1, timeout_seconds=3).complete
         assert api.get("/api/v1/gateways/").json() == []
+
+
+# ---- the request log ------------------------------------------------------------------------------
+def test_the_request_log_names_the_revision_the_worker_was_running(start_gateway, start_worker, user_key) -> None:
+    """Not the pool's desired revision: what the worker last reported running."""
+    first = make_profile("served")
+    second = first.profile.add_revision({"max_num_batched_tokens": 256}, comment="next")
+    with start_worker("w") as (url, _):
+        _, pools, workers = routed_model(urls={"stable": [url]})
+        worker = workers["stable"][0]
+        pools["stable"].set_desired_revision(second)
+        worker.record_heartbeat(heartbeat_request("ready", first.pk))
+        with start_gateway() as gw:
+            assert complete(gw.url, user_key, stream=True).status_code == 200
+            row = wait_until(lambda: RequestLog.objects.first())
+            assert (row.worker_id, row.profile_revision_id) == (worker.pk, first.pk)
+            # The worker switches: later requests are logged with what it runs now.
+            worker.record_heartbeat(heartbeat_request("ready", second.pk))
+            wait_until(lambda: complete(gw.url, user_key).status_code == 200
+                       and RequestLog.objects.filter(profile_revision=second).exists(), timeout=10)
+    assert set(RequestLog.objects.values_list("profile_revision_id", flat=True)) == {first.pk, second.pk}
 
 
 # ---- failures ------------------------------------------------------------------------------------
