@@ -41,6 +41,7 @@ COUNTERS: tuple[str, ...] = (
     "chunkpilot:step_tokens_total{kind=decode}",
     "chunkpilot:kv_fragmentation_ratio_seconds_total",
     "chunkpilot:memory_byte_seconds_total",
+    "chunkpilot:held_seconds_total",
 )
 HISTOGRAMS: tuple[str, ...] = (
     "vllm:time_to_first_token_seconds",

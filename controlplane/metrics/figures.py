@@ -260,12 +260,24 @@ def _avg_over_targets(per_target: Callable[[TargetWindows], Floats]) -> ScrapeFn
     return compute
 
 
+HELD_SECONDS = "chunkpilot:held_seconds_total"
+
+
 def _time_weighted_mean(key: str) -> Callable[[TargetWindows], Floats]:
-    """rate() of a ``*_seconds_total`` integral is its time-weighted mean."""
+    """A ``*_seconds_total`` integral's increase over the increase of the time
+    it integrates (``chunkpilot:held_seconds_total``): the mean over the time
+    the worker was up within the window, so a worker younger than the window
+    is not diluted by the time before it started. A worker that does not
+    export that counter (it reads 0) gets rate() over the whole window."""
 
     def per_target(t: TargetWindows) -> Floats:
         i = t.layout.index.get(key)
-        return np.full(len(t.peak_memory), np.nan) if i is None else t.increases[:, i] / t.range_seconds
+        if i is None:
+            return np.full(len(t.peak_memory), np.nan)
+        j = t.layout.index.get(HELD_SECONDS)
+        held = t.increases[:, j] if j is not None else np.zeros(len(t.increases))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(held > 0, t.increases[:, i] / held, t.increases[:, i] / t.range_seconds)
 
     return per_target
 
@@ -382,11 +394,11 @@ FIGURES: dict[str, Figure] = {
                 _quantile(0.99, TTFT), _hq(0.99, TTFT)),
         _scrape("memory_peak_to_mean", "Memory peak/mean", "ratio", L,
                 "Peak engine memory over the window (max of the 15-s recent-peak gauge's scrapes) divided by its "
-                "time-weighted mean (rate of memory byte-seconds), per worker, averaged over the group. Lower "
-                "means the peaks were spread out.",
+                "time-weighted mean (memory byte-seconds over the seconds they cover), per worker, averaged over "
+                "the group. Lower means the peaks were spread out.",
                 _avg_over_targets(_peak_to_mean),
                 f"avg by (G) (max_over_time(chunkpilot:memory_recent_peak_bytes[{W}]) / "
-                f"rate(chunkpilot:memory_byte_seconds_total[{W}]))",
+                f"(rate(chunkpilot:memory_byte_seconds_total[{W}]) / rate(chunkpilot:held_seconds_total[{W}])))",
                 needs_peak_memory=True, display="times"),
         _scrape("prefill_wait_mean", "Prefill wait mean", "s", L,
                 "Per prefill chunk, how long its request waited, schedulable, since its previous chunk ended (or "
@@ -399,7 +411,8 @@ FIGURES: dict[str, Figure] = {
                 "1 − tokens stored / (blocks held × block size), sampled each step, time-weighted mean over the "
                 "window per worker, averaged over the group.",
                 _avg_over_targets(_time_weighted_mean("chunkpilot:kv_fragmentation_ratio_seconds_total")),
-                f"avg by (G) (rate(chunkpilot:kv_fragmentation_ratio_seconds_total[{W}]))"),
+                f"avg by (G) (rate(chunkpilot:kv_fragmentation_ratio_seconds_total[{W}]) / "
+                f"rate(chunkpilot:held_seconds_total[{W}]))"),
         # Beside them.
         _scrape("itl_p99", "ITL P99", "s", L, "Time between consecutive tokens, 99th percentile over all gaps.",
                 _quantile(0.99, ITL), _hq(0.99, ITL)),

@@ -177,6 +177,7 @@ class MetricsExporter:
         self._fragmentation_seconds = 0.0
         self._memory_bytes = 0
         self._memory_byte_seconds = 0.0
+        self._held_seconds = 0.0  # the time the integrals above cover
         self._recent_peaks: deque[tuple[float, int]] = deque()
 
     # ---- wiring --------------------------------------------------------------
@@ -263,6 +264,7 @@ class MetricsExporter:
             elapsed = now - self._held_since
             self._fragmentation_seconds += self._fragmentation * elapsed
             self._memory_byte_seconds += self._memory_bytes * elapsed
+            self._held_seconds += elapsed
         if self._held_since is None or now > self._held_since:
             self._held_since = now
 
@@ -282,6 +284,7 @@ class MetricsExporter:
                 "memory_bytes": self._memory_bytes,
                 "memory_byte_seconds": self._memory_byte_seconds,
                 "memory_recent_peak_bytes": recent_peak,
+                "held_seconds": self._held_seconds,
             }
 
 
@@ -329,6 +332,12 @@ class _HeldFigures(Collector):
             "chunkpilot:memory_byte_seconds",
             "Engine memory in use integrated over time (rate = time-weighted mean).",
             f["memory_byte_seconds"],
+        )
+        yield counter(
+            "chunkpilot:held_seconds",
+            "The time the *_seconds integrals cover: divide their increase by this one's for the "
+            "mean over the time this worker was up (a worker younger than the window is not diluted).",
+            f["held_seconds"],
         )
 
 

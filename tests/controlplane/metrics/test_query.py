@@ -124,6 +124,23 @@ def test_memory_peak_to_mean_and_kv_fragmentation_over_five_minutes(clock) -> No
     assert query.query("memory_peak_to_mean", 60, now=at(300))["fleet"] == pytest.approx(500 / 400)
 
 
+def test_time_weighted_means_cover_only_the_time_a_young_worker_was_up(clock) -> None:
+    # Started 60 s into a 300-s window, 1000 bytes held steadily, peak 1000:
+    # its mean over its own life is 1000, so peak/mean is 1, not 5.
+    w = worker("young", "p")
+    for i in range(0, 49):  # scrapes at 60..300 s
+        held = 5.0 * i
+        store(at(60 + 5 * i), {job(w): Page(
+            counters={"chunkpilot:memory_byte_seconds_total": 1000.0 * held,
+                      "chunkpilot:kv_fragmentation_ratio_seconds_total": 0.2 * held,
+                      "chunkpilot:held_seconds_total": held},
+            gauges={"chunkpilot:memory_recent_peak_bytes": 1000.0},
+        )})
+    got = query.query_many(["memory_peak_to_mean", "kv_fragmentation"], 300, now=at(300))
+    assert got["memory_peak_to_mean"]["fleet"] == pytest.approx(1.0)
+    assert got["kv_fragmentation"]["fleet"] == pytest.approx(0.2)
+
+
 def test_time_series_from_minute_rollups_agree_with_the_one_window_query(clock) -> None:
     w = worker("w1", "p")
     for i in range(1, 12 * 15 + 1):  # 15 minutes, steady 2 requests/s

@@ -21,6 +21,7 @@ CHUNKPILOT_NAMES = {
     "chunkpilot:request_max_gap_seconds", "chunkpilot:prefill_chunk_wait_seconds",
     "chunkpilot:kv_fragmentation_ratio", "chunkpilot:kv_fragmentation_ratio_seconds_total",
     "chunkpilot:memory_bytes", "chunkpilot:memory_recent_peak_bytes", "chunkpilot:memory_byte_seconds_total",
+    "chunkpilot:held_seconds_total",
     "chunkpilot:step_tokens_total", "chunkpilot:steps_total", "chunkpilot:profile_info",
 }
 
@@ -121,6 +122,7 @@ def test_step_figures_and_time_weighted_integrals():
     assert metric_value(text, "chunkpilot:kv_fragmentation_ratio_seconds_total") == 0.5
     assert metric_value(text, "chunkpilot:memory_bytes") == 3000
     assert metric_value(text, "chunkpilot:memory_byte_seconds_total") == 1000 * 2 + 3000 * 2
+    assert metric_value(text, "chunkpilot:held_seconds_total") == 4  # the time both integrals cover
     assert metric_value(text, "chunkpilot:memory_recent_peak_bytes") == 3000
     assert metric_value(text, "chunkpilot:prefill_chunk_wait_seconds_count") == 2
     assert metric_value(text, "chunkpilot:step_tokens_total", kind="prefill") == 64

@@ -32,6 +32,7 @@ DESIGN_NAMES = {
     "chunkpilot:request_max_gap_seconds", "chunkpilot:prefill_chunk_wait_seconds",
     "chunkpilot:kv_fragmentation_ratio", "chunkpilot:kv_fragmentation_ratio_seconds_total",
     "chunkpilot:memory_bytes", "chunkpilot:memory_recent_peak_bytes", "chunkpilot:memory_byte_seconds_total",
+    "chunkpilot:held_seconds_total",
     "chunkpilot:step_tokens_total", "chunkpilot:steps_total", "chunkpilot:profile_info",
 }
 PROMPT = "def fibonacci(n):\n    "

@@ -231,6 +231,7 @@ class Command(BaseCommand):
             raw[:, layout.index[key]] = np.cumsum(per)
         memory = 2e9 * (0.6 + 0.2 * load + 0.05 * rng.standard_normal(n))
         raw[:, layout.index["chunkpilot:memory_byte_seconds_total"]] = np.cumsum(memory * interval)
+        raw[:, layout.index["chunkpilot:held_seconds_total"]] = interval * np.arange(1, n + 1)
         raw[:, layout.index["chunkpilot:kv_fragmentation_ratio_seconds_total"]] = np.cumsum(
             np.clip(0.08 + 0.03 * rng.standard_normal(n), 0, 1) * interval
         )
