@@ -149,3 +149,25 @@ def test_missing_weight_is_refused_naming_the_tensor(tmp_path: Path, tiny_model:
     save_file(tensors, out / "model.safetensors")
     with pytest.raises(UnsupportedModelError, match="model.layers.1.mlp.down_proj.weight"):
         LLM(out)
+
+
+def test_checkpoint_sharded_across_files_loads_like_one_file(tmp_path: Path, tiny_model: Path, tiny_engine: LLM) -> None:
+    """Hugging Face's layout for a large model: shards plus an index naming each tensor's file."""
+    from safetensors.torch import load_file, save_file
+
+    out = tmp_path / "sharded"
+    shutil.copytree(tiny_model, out, ignore=shutil.ignore_patterns("*.safetensors"))
+    tensors = load_file(tiny_model / "model.safetensors")
+    names = sorted(tensors)
+    shards = [names[i::3] for i in range(3)]  # every shard holds parts of every layer
+    weight_map = {}
+    for i, shard in enumerate(shards, 1):
+        filename = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file({n: tensors[n] for n in shard}, out / filename, metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, filename))
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}))
+
+    ids = some_ids(130, seed=5)
+    sharded = LLM(out, max_model_len=4096, block_size=16)
+    assert torch.equal(sharded.llm_engine.score(ids), tiny_engine.llm_engine.score(ids))
