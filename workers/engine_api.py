@@ -165,7 +165,9 @@ class AsyncEngine(Protocol):
     async def abort(self, request_id: str) -> None:
         """Stop a request and free its KV blocks; its stream ends with finish_reason "abort"."""
 
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text``; ``add_special_tokens=False`` for a rendered chat
+        template, which writes its own BOS."""
 
     def decode(self, token_ids: list[int]) -> str: ...
 

@@ -208,10 +208,13 @@ class OpenAIServer:
         try:
             for index, (prompt, request_id) in enumerate(zip(prompts, request_ids, strict=True)):
                 if isinstance(prompt, str):
+                    # A chat template writes the model's BOS itself; adding
+                    # special tokens again would double it (so vLLM's server).
+                    add_special = req.kind != "chat"
                     if len(prompt) > THREAD_TOKENIZE_CHARS:
-                        token_ids = await asyncio.to_thread(engine.encode, prompt)
+                        token_ids = await asyncio.to_thread(engine.encode, prompt, add_special)
                     else:
-                        token_ids = engine.encode(prompt)
+                        token_ids = engine.encode(prompt, add_special)
                 else:
                     token_ids = prompt
                 if not token_ids:

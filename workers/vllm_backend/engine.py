@@ -305,8 +305,8 @@ class VLLMEngine:
             self._commands.put(("abort", request_id))
 
     # ---- tokenizer -----------------------------------------------------------
-    def encode(self, text: str) -> list[int]:
-        return list(self._tokenizer.encode(text))
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
     def decode(self, token_ids: list[int]) -> str:
         return str(self._tokenizer.decode(token_ids, skip_special_tokens=True))

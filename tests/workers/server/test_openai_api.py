@@ -70,6 +70,21 @@ def test_completions_and_chat_through_the_openai_client(client):
     assert chat.usage.completion_tokens == 6 and chat.usage.prompt_tokens > 4
 
 
+def test_chat_prompt_is_the_models_chat_template_tokenized_once(server, tiny_model):
+    """The messages go through the checkpoint's template, as transformers renders
+    and tokenizes it: the template writes the BOS, so none is added on top."""
+    import transformers
+
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say something."}]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_model)
+    expected = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    assert expected.count(tokenizer.bos_token_id) == 1
+    body = {"model": "tiny", "messages": messages, "max_tokens": 2, "temperature": 0, "return_token_ids": True}
+    done = httpx.post(f"{server}/v1/chat/completions", json=body, timeout=60).json()
+    assert done["choices"][0]["prompt_token_ids"] == expected
+    assert done["usage"]["prompt_tokens"] == len(expected)
+
+
 def test_streaming_delivers_the_same_text_in_order_with_usage_last(client):
     whole = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=24, temperature=0, extra_body={"ignore_eos": True})
     chunks = list(
