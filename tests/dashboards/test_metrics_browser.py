@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 from playwright.sync_api import expect
 
@@ -90,7 +91,13 @@ def test_the_panel_draws_its_charts_and_updates_them_when_a_scrape_arrives(page:
     # it and sends one group_send per group; the server pushes the partial.
     store(timezone.now(), {j: ttft_page(1000 + 10 * 23, 50)})
     # From another thread, as from the Celery worker: Playwright's event loop runs in this one.
-    sender = threading.Thread(target=live.notify_scraped, args=(timezone.now(), [w.pk]))
+    def notify() -> None:
+        try:
+            live.notify_scraped(timezone.now(), [w.pk])
+        finally:
+            connection.close()  # the thread's own connection, or the test database cannot be dropped
+
+    sender = threading.Thread(target=notify)
     sender.start()
     sender.join(10)
 
