@@ -8,6 +8,7 @@ from django.db import models
 from django.http import HttpRequest
 from django.utils import timezone
 
+from controlplane.admin_readonly import ReadOnlyAdmin
 from controlplane.alerts import validation
 from controlplane.alerts.models import (
     Alert,
@@ -25,16 +26,6 @@ from controlplane.alerts.models import (
 # means https (Django 6's default, said now so it does not warn).
 URL_OVERRIDES: dict[type[models.Field[Any, Any]], dict[str, Any]] = {models.URLField: {"assume_scheme": "https"}}
 
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """Rows the evaluator and the notifier write: shown, never edited (an
-    edit would fight the next evaluation tick)."""
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 @admin.register(AlertRule)

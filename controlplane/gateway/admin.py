@@ -3,6 +3,7 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest
 
+from controlplane.admin_readonly import ReadOnlyAdmin
 from controlplane.gateway.cohort import ROLES
 from controlplane.gateway.models import ClientKey, RequestLog, RoutingPool, RoutingTable
 
@@ -19,7 +20,7 @@ class RoutingPoolInline(admin.TabularInline):
 
 
 @admin.register(RoutingTable)
-class RoutingTableAdmin(admin.ModelAdmin):
+class RoutingTableAdmin(ReadOnlyAdmin):
     # Weights change through the API, the UI or a rollout: they validate,
     # audit and bump the epoch every gateway must ack. A save here would do
     # none of that, so the admin only shows tables.
@@ -28,25 +29,13 @@ class RoutingTableAdmin(admin.ModelAdmin):
     readonly_fields = ["model", "salt", "epoch", "updated_at"]
     inlines = [RoutingPoolInline]
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
 
 @admin.register(RoutingPool)
-class RoutingPoolAdmin(admin.ModelAdmin):
+class RoutingPoolAdmin(ReadOnlyAdmin):
     list_display = ["table", "role", "pool", "weight_bp"]
     list_filter = ["role", "table"]
     search_fields = ["table__model", "pool__name"]
     list_select_related = ["table", "pool"]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 @admin.register(ClientKey)

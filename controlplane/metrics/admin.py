@@ -3,6 +3,7 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest
 
+from controlplane.admin_readonly import ReadOnlyAdmin
 from controlplane.metrics.models import (
     CounterReset,
     Rollup,
@@ -13,17 +14,6 @@ from controlplane.metrics.models import (
     Snapshot,
     Target,
 )
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """The scraper writes these rows and reads its own running state back
-    from them; the admin shows them and leaves them alone."""
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 class SeriesRowAdmin(ReadOnlyAdmin):

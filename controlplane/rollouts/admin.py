@@ -4,6 +4,7 @@ from django.contrib import admin
 from django.http import HttpRequest
 from django.utils import timezone
 
+from controlplane.admin_readonly import ReadOnlyAdmin, ReadOnlyInline
 from controlplane.rollouts.models import (
     AnalysisRun,
     AnalysisTemplate,
@@ -11,14 +12,6 @@ from controlplane.rollouts.models import (
     Rollout,
     RolloutEvent,
 )
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 @admin.register(AnalysisTemplate)
@@ -34,18 +27,9 @@ class AnalysisTemplateAdmin(admin.ModelAdmin):
         super().save_model(request, obj, form, change)
 
 
-class EventInline(admin.TabularInline):
+class EventInline(ReadOnlyInline):
     model = RolloutEvent
     fields = ("time", "kind", "phase", "step_index", "actor", "message")
-    readonly_fields = fields
-    extra = 0
-    can_delete = False
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 @admin.register(Rollout)
@@ -72,18 +56,9 @@ class RolloutEventAdmin(ReadOnlyAdmin):
     show_full_result_count = False
 
 
-class MeasurementInline(admin.TabularInline):
+class MeasurementInline(ReadOnlyInline):
     model = Measurement
     fields = ("taken_at", "window_seconds", "phase", "verdicts", "weights")
-    readonly_fields = fields
-    extra = 0
-    can_delete = False
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 @admin.register(AnalysisRun)
