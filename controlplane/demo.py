@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import secrets
-import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any
 
 from django.db import transaction
 
-from controlplane.launcher import ProcessSpec
+from controlplane.launcher import ProcessSpec, free_port
 
 PYTHON = sys.executable
 ADMIN_USERNAME = "admin"
@@ -54,13 +53,6 @@ DEMO_PROFILES: list[tuple[str, str, list[tuple[dict[str, Any], str]]]] = [
 ]
 # Pool → (profile, revision) it should run.
 DEMO_POOLS = {"stable": ("chunked", 1), "canary": ("chunked", 2)}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 @dataclass
 class DemoContext:

@@ -14,16 +14,18 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
 import httpx
+from django.core.management.base import CommandError
 
 STOP_GRACE_SECONDS = 10.0
 
@@ -40,8 +42,49 @@ class ProcessSpec:
     cwd: Path | None = None
 
 
-class LaunchError(RuntimeError):
-    pass
+class LaunchError(CommandError):
+    """A process would not start or answer; management commands print it
+    as a one-line error, not a traceback."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def child(argv: Sequence[str], log: Path, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    """One unsupervised process in its own session (benchmarks start theirs
+    this way), output to ``log``; terminated, then killed, on the way out."""
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(5)
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes], log: Path | None = None, timeout: float = 90.0) -> None:
+    """Until ``url`` answers below 500; LaunchError (with the log's tail) if
+    the process exits first or the time runs out."""
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-2000:] if log is not None and log.exists() else ""
+            raise LaunchError(f"{proc.args!r} exited with {proc.returncode}" + (f":\n{tail}" if tail else ""))
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=2).status_code < 500:
+                return
+        time.sleep(0.1)
+    raise LaunchError(f"{url} did not answer within {timeout:.0f}s")
 
 
 def _answers(url: str, any_status: bool) -> bool:

@@ -18,7 +18,7 @@ from urllib.parse import quote
 
 import pytest
 
-from tests.support import PYTHON, ROOT, Process, child_env, running
+from tests.support import PYTHON, ROOT, Process, child_env, free_port, running
 
 TINY_MODEL_DIR = Path(os.environ.get("CHUNKPILOT_TINY_MODEL", ROOT / "var" / "tiny-model"))
 # One id per pytest process: its Celery queue and channel-layer prefix, so that
@@ -100,6 +100,18 @@ def control_plane_env(**overrides: str) -> dict[str, str]:
         CHUNKPILOT_DATA_DIR=str(ROOT / "var"),
         **overrides,
     )
+
+
+@pytest.fixture
+def web(tmp_path: Path, transactional_db: Any) -> Iterator[str]:
+    """The control plane's ASGI app served by uvicorn in its own process, on
+    the test database (committed data only); yields its base URL."""
+    port = free_port()
+    argv = [PYTHON, "-m", "uvicorn", "controlplane.asgi:application", "--host", "127.0.0.1", "--port", str(port)]
+    with running(argv, env=control_plane_env(), log_path=tmp_path / "web.log") as proc:
+        base = f"http://127.0.0.1:{port}"
+        proc.wait_http(f"{base}/login/", timeout=60)
+        yield base
 
 
 @pytest.fixture

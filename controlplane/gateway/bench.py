@@ -22,7 +22,6 @@ import os
 import random
 import shutil
 import statistics
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -182,14 +181,14 @@ http {{
 """
 
 
-def start_nginx(workdir: Path, listen_port: int, upstream: str) -> subprocess.Popen[bytes]:
+def nginx_argv(workdir: Path, listen_port: int, upstream: str) -> list[str]:
+    """Writes the config into ``workdir``; the command line that runs it."""
     if not shutil.which(NGINX) and not Path(NGINX).exists():
         raise RuntimeError(f"{NGINX} is missing: apt-get install nginx-light")
     workdir.mkdir(parents=True, exist_ok=True)
     conf = workdir / "nginx.conf"
     conf.write_text(nginx_config(workdir, listen_port, upstream))
-    return subprocess.Popen([NGINX, "-p", str(workdir), "-c", str(conf)], start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=open(workdir / "stderr.log", "wb"))
+    return [NGINX, "-p", str(workdir), "-c", str(conf)]
 
 
 # ---- the report --------------------------------------------------------------------------

@@ -4,9 +4,7 @@ changes a worker's state."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,22 +15,10 @@ from playwright.sync_api import expect
 
 from controlplane.accounts.roles import Role
 from controlplane.fleet.models import Worker
-from tests.conftest import control_plane_env
 from tests.controlplane.factories import enroll_worker, heartbeat_request, make_pool, make_user
-from tests.support import PYTHON, free_port, running
 from workers.contract import HEARTBEAT_PATH
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
-
-
-@pytest.fixture
-def web(tmp_path: Path, transactional_db: Any) -> Iterator[str]:
-    port = free_port()
-    argv = [PYTHON, "-m", "uvicorn", "controlplane.asgi:application", "--host", "127.0.0.1", "--port", str(port)]
-    with running(argv, env=control_plane_env(), log_path=tmp_path / "web.log") as proc:
-        base = f"http://127.0.0.1:{port}"
-        proc.wait_http(f"{base}/login/", timeout=60)
-        yield base
 
 
 def sign_in(page: Any, base: str, role: Role) -> None:

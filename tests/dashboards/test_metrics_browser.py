@@ -5,9 +5,7 @@ arrives the charts and the table take the new figures in place."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,25 +16,13 @@ from playwright.sync_api import expect
 from controlplane.accounts.roles import Role
 from controlplane.fleet.models import Pool, Worker
 from controlplane.metrics import live
-from tests.conftest import control_plane_env
 from tests.controlplane.factories import make_user
 from tests.controlplane.metrics.pages import Page, job, store
-from tests.support import PYTHON, free_port, running
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 TTFT = "vllm:time_to_first_token_seconds"
 CHARTS = ("ttft", "memory", "prefill_wait", "kv_fragmentation")
-
-
-@pytest.fixture
-def web(tmp_path: Path, transactional_db: Any) -> Iterator[str]:
-    port = free_port()
-    argv = [PYTHON, "-m", "uvicorn", "controlplane.asgi:application", "--host", "127.0.0.1", "--port", str(port)]
-    with running(argv, env=control_plane_env(), log_path=tmp_path / "web.log") as proc:
-        base = f"http://127.0.0.1:{port}"
-        proc.wait_http(f"{base}/login/", timeout=60)
-        yield base
 
 
 def ttft_page(fast: float, slow: float) -> Page:

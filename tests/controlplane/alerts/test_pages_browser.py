@@ -4,8 +4,6 @@ appears on a page already open when a critical alert starts firing."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,22 +15,10 @@ from controlplane.alerts import defaults
 from controlplane.alerts.models import AlertRule
 from controlplane.fleet.health import State as WorkerState
 from controlplane.fleet.models import Worker
-from tests.conftest import control_plane_env
 from tests.controlplane.alerts.support import firing_alert
 from tests.controlplane.factories import enroll_worker, make_pool, make_user
-from tests.support import PYTHON, free_port, running
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
-
-
-@pytest.fixture
-def web(tmp_path: Path, transactional_db: Any) -> Iterator[str]:
-    port = free_port()
-    argv = [PYTHON, "-m", "uvicorn", "controlplane.asgi:application", "--host", "127.0.0.1", "--port", str(port)]
-    with running(argv, env=control_plane_env(), log_path=tmp_path / "web.log") as proc:
-        base = f"http://127.0.0.1:{port}"
-        proc.wait_http(f"{base}/login/", timeout=60)
-        yield base
 
 
 def sign_in(page: Any, base: str, role: Role, next_path: str) -> None:

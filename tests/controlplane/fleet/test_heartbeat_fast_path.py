@@ -3,31 +3,15 @@ Django, on a real uvicorn process, answers exactly as the DRF view does."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
-
 import httpx
 import pytest
 from rest_framework.test import APIClient
 
 from controlplane.fleet.models import Worker
-from tests.conftest import control_plane_env
 from tests.controlplane.factories import enroll_worker, heartbeat_request, make_pool, make_profile
-from tests.support import PYTHON, free_port, running
 from workers.contract import HEARTBEAT_PATH
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def web(tmp_path: Path, transactional_db: Any) -> Iterator[str]:
-    port = free_port()
-    argv = [PYTHON, "-m", "uvicorn", "controlplane.asgi:application", "--host", "127.0.0.1", "--port", str(port)]
-    with running(argv, env=control_plane_env(), log_path=tmp_path / "web.log") as proc:
-        base = f"http://127.0.0.1:{port}"
-        proc.wait_http(f"{base}/login/", timeout=60)
-        yield base
 
 
 def test_the_fast_path_answers_as_the_view_does(web: str) -> None:

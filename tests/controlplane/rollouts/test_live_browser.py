@@ -5,9 +5,7 @@ buttons ask before they act, and verdict charts are drawn."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,22 +16,10 @@ from playwright.sync_api import expect
 from controlplane.accounts.roles import Role
 from controlplane.rollouts.evaluator import Phase
 from controlplane.rollouts.models import AnalysisRun, Measurement, Rollout
-from tests.conftest import control_plane_env
 from tests.controlplane.factories import make_user
 from tests.controlplane.rollouts.factories import Agents, make_fleet, wait_for
-from tests.support import PYTHON, free_port, running
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
-
-
-@pytest.fixture
-def web(tmp_path: Path, transactional_db: Any) -> Iterator[str]:
-    port = free_port()
-    argv = [PYTHON, "-m", "uvicorn", "controlplane.asgi:application", "--host", "127.0.0.1", "--port", str(port)]
-    with running(argv, env=control_plane_env(), log_path=tmp_path / "web.log") as proc:
-        base = f"http://127.0.0.1:{port}"
-        proc.wait_http(f"{base}/login/", timeout=60)
-        yield base
 
 
 def sign_in(page: Any, base: str, role: Role, path: str) -> None:

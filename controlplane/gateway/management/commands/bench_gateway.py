@@ -17,8 +17,6 @@ import contextlib
 import json
 import math
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,40 +30,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from controlplane.gateway import bench
 from controlplane.gateway.upstream import CLIENTS
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise CommandError(f"{proc.args!r} exited with {proc.returncode}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        time.sleep(0.1)
-    raise CommandError(f"{url} did not answer within {timeout:.0f}s")
-
-
-@contextlib.contextmanager
-def process(argv: list[str], log: Path, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        try:
-            yield proc
-        finally:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(5)
+from controlplane.launcher import child, free_port, wait_http
 
 
 class Command(BaseCommand):
@@ -110,7 +75,7 @@ class Command(BaseCommand):
         port = free_port()
         argv = [sys.executable, "-m", "controlplane.gateway.synthetic", "--port", str(port), "--name", "w",
                 "--ttft-ms", str(options["ttft_ms"]), "--itl-ms", str(options["itl_ms"])]
-        with process(argv, workdir / "worker.log") as proc:
+        with child(argv, workdir / "worker.log") as proc:
             url = f"http://127.0.0.1:{port}"
             wait_http(f"{url}/health", proc)
             yield url
@@ -123,16 +88,16 @@ class Command(BaseCommand):
                 port = free_port()
                 argv = [sys.executable, "manage.py", "rungateway", "--port", str(port), "--client", options["client"],
                         "--log-level", "warning"]
-                proc = stack.enter_context(process(argv, workdir / f"gateway-{i}.log", env))
+                proc = stack.enter_context(child(argv, workdir / f"gateway-{i}.log", env))
                 url = f"http://127.0.0.1:{port}"
                 wait_http(f"{url}/health", proc)
                 gateway_urls.append(url)
                 gateway_pids.append(proc.pid)
             nginx_port = free_port()
-            nginx = bench.start_nginx(workdir / "nginx", nginx_port, worker_url.removeprefix("http://"))
-            stack.callback(_stop, nginx)
+            nginx_argv = bench.nginx_argv(workdir / "nginx", nginx_port, worker_url.removeprefix("http://"))
+            nginx = stack.enter_context(child(nginx_argv, workdir / "nginx" / "output.log"))
             nginx_url = f"http://127.0.0.1:{nginx_port}"
-            wait_until_up(nginx_url, nginx)
+            wait_http(f"{nginx_url}/health", nginx, timeout=20)
             for url in gateway_urls:  # each has the bench table before traffic starts
                 _wait_for(lambda u=url: load.model in httpx.get(f"{u}/health", timeout=2).json().get("models", {}))
 
@@ -200,25 +165,6 @@ def _use_uvloop() -> None:
         import uvloop
 
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(10)
-
-
-def wait_until_up(url: str, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise CommandError(f"nginx exited with {proc.returncode}; see its stderr.log")
-        with contextlib.suppress(httpx.HTTPError):
-            httpx.get(f"{url}/health", timeout=2)
-            return
-        time.sleep(0.1)
-    raise CommandError("nginx did not start")
 
 
 def _wait_for(predicate: Any, timeout: float = 30.0) -> None:

@@ -21,14 +21,12 @@ import contextlib
 import json
 import math
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,31 +35,9 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
 
+from controlplane.launcher import child, free_port, wait_http
+
 GOAL_P99_MS = 1000.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextlib.contextmanager
-def process(argv: list[str], log: Path, env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        try:
-            yield proc
-        finally:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(5)
-
-
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
     deadline = time.monotonic() + timeout
     while True:
@@ -71,18 +47,6 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval
         if time.monotonic() > deadline:
             raise CommandError(f"{what}: not after {timeout:.0f}s")
         time.sleep(interval)
-
-
-def wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 90.0) -> None:
-    def up() -> bool:
-        if proc.poll() is not None:
-            raise CommandError(f"{proc.args!r} exited with {proc.returncode}:\n{log.read_text()[-2000:]}")
-        with contextlib.suppress(httpx.HTTPError):
-            return httpx.get(url, timeout=2).status_code < 500
-        return False
-
-    wait_until(up, timeout, f"{url} to answer", 0.1)
-
 
 class _Rows:
     """The throwaway fleet: stable (2 workers) and canary (1) pools in one table."""
@@ -190,17 +154,17 @@ class Command(BaseCommand):
         with contextlib.ExitStack() as stack:
             web_port = free_port()
             web_url = f"http://127.0.0.1:{web_port}"
-            web = stack.enter_context(process([sys.executable, "-m", "uvicorn", "controlplane.asgi:application",
+            web = stack.enter_context(child([sys.executable, "-m", "uvicorn", "controlplane.asgi:application",
                                                "--port", str(web_port), "--log-level", "warning"],
                                               workdir / "web.log", env))
-            celery = stack.enter_context(process(
+            celery = stack.enter_context(child(
                 [sys.executable, "-m", "celery", "-A", "controlplane", "worker", "--pool", "solo", "--loglevel",
                  "WARNING", "--without-gossip", "--without-mingle", "-Q", rows.tag, "-n", f"{rows.tag}@%h"],
                 workdir / "celery.log", env))
             for i in range(options["gateways"]):
                 port = free_port()
                 log = workdir / f"gateway-{i}.log"
-                gw = stack.enter_context(process([sys.executable, "manage.py", "rungateway", "--port", str(port),
+                gw = stack.enter_context(child([sys.executable, "manage.py", "rungateway", "--port", str(port),
                                                   "--log-level", "warning"], log, env))
                 wait_http(f"http://127.0.0.1:{port}/health", gw, log)
             wait_http(f"{web_url}/login/", web, workdir / "web.log")
