@@ -10,21 +10,15 @@ import json
 
 import pytest
 
-from tests.conftest import control_plane_env
-from tests.support import PYTHON, free_port, running
 from tests.workers.server.support import wait_until, worker
 
 PROFILE = {"max_num_batched_tokens": 256, "max_num_seqs": 8, "block_size": 32, "kv_cache_bytes": 16 << 20}
 
 
 @pytest.fixture
-def control_plane(transactional_db, tmp_path):
-    port = free_port()
-    argv = [PYTHON, "-m", "uvicorn", "controlplane.asgi:application", "--host", "127.0.0.1", "--port", str(port)]
-    with running(argv, env=control_plane_env(), log_path=tmp_path / "web.log") as web:
-        base = f"http://127.0.0.1:{port}"
-        web.wait_http(f"{base}/api/schema/", timeout=60)
-        yield base
+def control_plane(web):
+    """The real control plane, served by uvicorn (tests/conftest.py's ``web``)."""
+    return web
 
 
 def test_the_agent_registers_heartbeats_and_applies_a_profile_against_the_real_control_plane(control_plane, tiny_model, tmp_path):
