@@ -102,6 +102,24 @@ def control_plane_env(**overrides: str) -> dict[str, str]:
     )
 
 
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: Any, django_db_blocker: Any) -> Iterator[None]:
+    """pytest-django's test database, with one more step before it is dropped:
+    threads that touched it (sync_to_async workers, scenario threads) keep their
+    connections until the process exits, and PostgreSQL refuses to drop a
+    database in use. End those sessions first."""
+    yield
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+
+
 @pytest.fixture
 def web(tmp_path: Path, transactional_db: Any) -> Iterator[str]:
     """The control plane's ASGI app served by uvicorn in its own process, on
