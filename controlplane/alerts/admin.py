@@ -69,6 +69,13 @@ def _https_by_default(db_field: models.Field, **kwargs: Any) -> Any:
     return db_field.formfield(**kwargs)
 
 
+def _add_errors(form: forms.ModelForm[Any], errors: dict[str, list[str]]) -> None:
+    """The API's field-level validation errors, shown on the admin form."""
+    for field, messages in errors.items():
+        for message in messages:
+            form.add_error(field, message)
+
+
 class ReceiverForm(forms.ModelForm):
     class Meta:
         model = Receiver
@@ -86,9 +93,7 @@ class ReceiverForm(forms.ModelForm):
         data = self.cleaned_data
         errors = validation.receiver_errors(str(data.get("kind") or ""), str(data.get("url") or ""),
                                             data.get("emails", []))
-        for field, messages in errors.items():
-            for message in messages:
-                self.add_error(field, message)
+        _add_errors(self, errors)
         return data
 
 
@@ -116,9 +121,7 @@ class RouteForm(forms.ModelForm):
         if receiver is not None and receiver.kind == Receiver.KIND_ALERTMANAGER:
             errors.setdefault("receiver", []).append(
                 "an external Alertmanager gets every alert unrouted; route to webhook or email receivers.")
-        for field, messages in errors.items():
-            for message in messages:
-                self.add_error(field, message)
+        _add_errors(self, errors)
         return data
 
 
