@@ -8,7 +8,13 @@ target at a time; phases alternate between targets in rotating order, so
 drift in the machine's load falls on all three alike. Each stream's TTFT is
 the time from writing the request to receiving its first body bytes (the
 worker sends its head with the first token). Added latency is a target's
-percentile minus the direct percentile at the same rank.
+percentile minus the direct percentile at the same rank, over all rounds
+pooled, and also round by round: each round's three phases run back to back,
+so their difference is taken within the round and the median over rounds
+reported. On a shared machine a burst of someone else's work lands on one
+phase and moves a pooled P99 by milliseconds (seen: the direct target's own
+P99 moving 21.7 to 24.4 ms between runs); the median of the rounds' paired
+differences is what a burst of a few seconds cannot move.
 
 Starts are staggered and token counts drawn from a seeded range, so requests
 arrive spread out rather than in waves of ``num_streams``.
@@ -37,6 +43,7 @@ class Target:
     url: str  # base URL
     pids: list[int] = field(default_factory=list)  # the proxy's processes, for its CPU time
     ttfts: list[float] = field(default_factory=list)
+    round_ends: list[int] = field(default_factory=list)  # len(ttfts) at the end of each measured round
     errors: int = 0
     cpu_seconds: float = 0.0  # the proxy's, over the measured phases
     wall_seconds: float = 0.0
@@ -45,9 +52,17 @@ class Target:
 
     def percentile(self, q: float) -> float:
         """Nearest-rank percentile, seconds."""
-        ordered = sorted(self.ttfts)
-        rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
-        return ordered[rank - 1]
+        return _percentile(self.ttfts, q)
+
+    def rounds(self) -> list[list[float]]:
+        starts = [0, *self.round_ends[:-1]]
+        return [self.ttfts[a:b] for a, b in zip(starts, self.round_ends, strict=True)]
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
+    return ordered[rank - 1]
 
 
 @dataclass(frozen=True)
@@ -123,6 +138,7 @@ async def _rounds(targets: list[Target], load: Load, headers: list[tuple[bytes, 
             await _phase(target, load, headers, rng, load.phase_seconds, record=True)
             target.wall_seconds += time.perf_counter() - started
             target.cpu_seconds += cpu_seconds(target.pids) - cpu_before
+            target.round_ends.append(len(target.ttfts))
             if progress is not None:
                 progress(f"round {round_index + 1}/{load.num_rounds}: {target.name} ({len(target.ttfts)} streams)")
 
@@ -200,6 +216,10 @@ def summary(targets: list[Target]) -> dict[str, dict[str, float]]:
         for q in (50, 90, 99):
             row[f"p{q}_ms"] = t.percentile(q) * 1000 if t.ttfts else float("nan")
             row[f"added_p{q}_ms"] = (t.percentile(q) - direct.percentile(q)) * 1000 if t.ttfts else float("nan")
+        for q in (50, 99):  # round by round against direct's same round, then the median
+            paired = [(_percentile(mine, q) - _percentile(theirs, q)) * 1000
+                      for mine, theirs in zip(t.rounds(), direct.rounds(), strict=True) if mine and theirs]
+            row[f"round_added_p{q}_ms"] = statistics.median(paired) if paired else float("nan")
         row["mean_ms"] = statistics.fmean(t.ttfts) * 1000 if t.ttfts else float("nan")
         # The proxy's CPU per stream served (direct: no proxy, 0).
         row["cpu_ms_per_stream"] = 1000 * t.cpu_seconds / len(t.ttfts) if t.ttfts and t.pids else 0.0

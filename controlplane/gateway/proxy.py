@@ -1,4 +1,4 @@
-"""The gateway's request path: a raw ASGI app that speaks OpenAI's API.
+"""The gateway's request path: OpenAI's API, served by ``server.serve``.
 
 It never touches the database. Everything it decides from is in the
 ``StateHolder`` the refresher keeps current; everything it records leaves
@@ -15,8 +15,11 @@ of a completion request:
      as a last resort.
   5. Attempt: forward the body. Until the worker's response head arrives the
      client has seen nothing, so a refused connection or a retryable status
-     (429, 502-504) moves on to the next worker. After that the stream is
-     passed through event by event, as it arrives.
+     (429, 502-504) moves on to the next worker. A stream's 200 is taken up
+     in the worker socket's read callback (``_Relay``): the head and the
+     first events go to the client in one write, and every later read is
+     piped through the meter to the client's socket from that callback, with
+     no task woken per event; a slow client pauses the read from the worker.
   6. Record: one ``RequestRecord`` with what the client saw.
 """
 
@@ -25,8 +28,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import itertools
 import json
 import logging
+import os
 import time
 import uuid
 from collections import defaultdict
@@ -37,6 +42,7 @@ from typing import Any
 from controlplane.gateway.cohort import Role, bucket_of, sticky_key
 from controlplane.gateway.meter import StreamMeter, Usage, usage_of_body
 from controlplane.gateway.metrics import CONTENT_TYPE, GatewayMetrics
+from controlplane.gateway.server import Exchange, Headers
 from controlplane.gateway.state import (
     ClientKeyInfo,
     GatewayState,
@@ -47,6 +53,7 @@ from controlplane.gateway.state import (
     hash_key,
 )
 from controlplane.gateway.upstream import (
+    PendingResponse,
     Upstream,
     UpstreamBroken,
     UpstreamClient,
@@ -56,11 +63,6 @@ from controlplane.gateway.upstream import (
 
 log = logging.getLogger(__name__)
 
-Scope = dict[str, Any]
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-
 COMPLETION_PATHS = ("/v1/completions", "/v1/chat/completions")
 RETRYABLE_STATUSES = frozenset({429, 502, 503, 504})
 SESSION_HEADER = b"x-chunkpilot-session"
@@ -69,17 +71,21 @@ COHORT_HEADER = b"x-chunkpilot-cohort"
 # ones and the length (re-derived by the server) are not.
 PASSED_HEADERS = frozenset({b"content-type", b"cache-control", b"retry-after", b"x-accel-buffering"})
 STATUS_CLIENT_GONE = 499  # nginx's code: the client closed the connection first
+# Request ids: random per process, then counted (uuid4 per request cost more
+# than anything else before the request left for the worker).
+_ID_PREFIX = os.urandom(6).hex()
+_id_counter = itertools.count()
+_USAGE_OPTION = b', "stream_options": {"include_usage": true}}'
 
 
 @dataclass(frozen=True)
 class ProxySettings:
     max_attempts: int = 3  # workers tried per request before giving up
     eject_seconds: float = 10.0  # how long a worker that refused a connection is passed over
-    max_body_bytes: int = 32 << 20
     expose_routing_to_admins: bool = True  # x-chunkpilot-pool/-worker on admin keys' replies
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestRecord:
     """One client request as the gateway saw it: a ``RequestLog`` row to be."""
 
@@ -107,7 +113,7 @@ class ApiError(Exception):
     """An error reply in OpenAI's shape."""
 
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 code: str | None = None, param: str | None = None, headers: list[tuple[bytes, bytes]] | None = None):
+                 code: str | None = None, param: str | None = None, headers: Headers | None = None):
         super().__init__(message)
         self.status, self.message, self.type, self.code, self.param = status, message, type, code, param
         self.headers = headers or []
@@ -123,18 +129,31 @@ def _no_capacity(message: str) -> ApiError:
                     headers=[(b"retry-after", b"1")])
 
 
-@dataclass
+@dataclass(slots=True)
 class _Request:
     """What one completion request carries through the path."""
 
     arrival: float
     record: RequestRecord
-    key: ClientKeyInfo | None = None
-    headers: dict[bytes, bytes] = field(default_factory=dict)
+    key: ClientKeyInfo
+    headers: dict[bytes, bytes]
+    pool: PoolTarget
+    body: bytes  # as sent to workers
+    strip_usage: bool  # the usage event was asked for by the gateway, not the client
+    tried: set[int] = field(default_factory=set)  # worker ids
+
+
+@dataclass(slots=True)
+class _Attempt:
+    """The request on its way to one worker."""
+
+    worker: WorkerTarget
+    relay: _Relay | None
+    pending: PendingResponse
 
 
 class Gateway:
-    """The ASGI app. ``record`` is called once per proxied request."""
+    """The request handler (``handle``). ``record`` is called once per proxied request."""
 
     def __init__(
         self,
@@ -163,30 +182,7 @@ class Gateway:
         self._worker_names: dict[int, str] = {}
         self.metrics.watch(self._epochs_by_model, self._outstanding_by_name)
 
-    # ---- ASGI ----------------------------------------------------------------
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        kind = scope["type"]
-        if kind == "http":
-            await self._http(scope, receive, send)
-        elif kind == "lifespan":
-            await self._lifespan(receive, send)
-
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                try:
-                    await self.startup()
-                except Exception as exc:  # noqa: BLE001 - reported to the server, which exits
-                    log.exception("gateway startup failed")
-                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
-                    return
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await self.shutdown()
-                await send({"type": "lifespan.shutdown.complete"})
-                return
-
+    # ---- lifecycle ------------------------------------------------------------
     async def startup(self) -> None:
         self._upstream = self._upstream_factory()
         for hook in self._on_startup:
@@ -204,34 +200,39 @@ class Gateway:
         if self._upstream is not None:
             await self._upstream.close()
 
-    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path, method = scope["path"], scope["method"]
+    def handle(self, ex: Exchange) -> Awaitable[None] | None:
+        """Answers ``ex``, or starts to: a completion returns the coroutine
+        that finishes it. Everything up to the request's write to a worker
+        happens here, in the server's read callback, without waiting for a
+        task to be scheduled."""
+        path, method = ex.path, ex.method
         try:
             if path in COMPLETION_PATHS:
                 if method != "POST":
                     raise ApiError(405, f"{path} takes POST.", code="method_not_allowed")
-                await self._completion(scope, receive, send)
+                return self._completion(ex)
             elif path == "/v1/models" and method == "GET":
-                self._authenticate(_headers(scope), self.holder.current)
-                await _json(send, 200, self._models())
+                self._authenticate(ex.headers, self.holder.current)
+                _json(ex, 200, self._models())
             elif path == "/health":
-                await self._health(send)
+                self._health(ex)
             elif path == "/metrics":
-                await _reply(send, 200, self.metrics.render(), CONTENT_TYPE.encode())
+                _reply(ex, 200, self.metrics.render(), CONTENT_TYPE.encode())
             else:
                 raise ApiError(404, f"no route {method} {path}", type="not_found_error", code="not_found")
         except ApiError as error:
-            await _error(send, error)
+            _error(ex, error)
+        return None
 
     # ---- small endpoints -------------------------------------------------------
-    async def _health(self, send: Send) -> None:
+    def _health(self, ex: Exchange) -> None:
         state = self.holder.current
         body = {
             "status": "ok" if state.loaded_at else "loading",
             "models": {model: table.epoch for model, table in state.tables.items()},
             "state_age_seconds": self.holder.age_seconds,
         }
-        await _json(send, 200 if state.loaded_at else 503, body)
+        _json(ex, 200 if state.loaded_at else 503, body)
 
     def _models(self) -> dict[str, Any]:
         tables = self.holder.current.tables
@@ -262,11 +263,11 @@ class Gateway:
             raise ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
         return info
 
-    async def _completion(self, scope: Scope, receive: Receive, send: Send) -> None:
+    def _completion(self, ex: Exchange) -> Awaitable[None] | None:
         arrival = self.clock()
         state = self.holder.current
-        headers = _headers(scope)
-        request_id = headers.get(b"x-request-id", b"").decode("latin-1")[:64] or uuid.uuid4().hex
+        headers = ex.headers
+        request_id = headers.get(b"x-request-id", b"").decode("latin-1")[:64] or f"{_ID_PREFIX}{next(_id_counter):x}"
         rec = RequestRecord(request_id=request_id, created_at=time.time(), model="")
         try:
             key = self._authenticate(headers, state)
@@ -275,7 +276,7 @@ class Gateway:
             raise
         rec.api_key_id = key.id
         try:
-            body, data = await self._read_json(receive)
+            body, data = ex.body, _json_object(ex.body)
             table = self._table(state, data)
             rec.model = table.model
             rec.stream = data.get("stream") is True
@@ -284,41 +285,34 @@ class Gateway:
             if rec.stream and not _asks_usage(data):
                 # Ask for usage so the log has token counts; the meter drops
                 # the usage event again before the client would see it.
-                data["stream_options"] = {**(data.get("stream_options") or {}), "include_usage": True}
-                body, strip_usage = json.dumps(data, ensure_ascii=False).encode(), True
+                if "stream_options" in data:
+                    data["stream_options"] = {**(data.get("stream_options") or {}), "include_usage": True}
+                    body = json.dumps(data, ensure_ascii=False).encode()
+                else:  # spliced in before the object's closing brace: no re-encoding
+                    body = body.rstrip()[:-1] + _USAGE_OPTION
+                strip_usage = True
             else:
                 strip_usage = False
-            await self._forward(scope, receive, send, _Request(arrival, rec, key, headers), pool, body, strip_usage)
+            req = _Request(arrival, rec, key, headers, pool, body, strip_usage)
+            first = self._attempt(ex, req)
         except ApiError as error:
-            rec.status, rec.error = error.status, error.message[:500]
-            await _error(send, error, self._routing_headers(rec, key))
-        finally:
+            self._refused(ex, rec, key, error)
             if rec.model:
                 self._finish(rec, arrival)
+            return None
+        return self._complete(ex, req, first)
 
-    async def _read_json(self, receive: Receive) -> tuple[bytes, dict[str, Any]]:
-        parts: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise ApiError(STATUS_CLIENT_GONE, "the client went away while sending the body.")
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.settings.max_body_bytes:
-                raise ApiError(413, f"the request body is over {self.settings.max_body_bytes} bytes.",
-                               code="request_too_large")
-            parts.append(chunk)
-            if not message.get("more_body"):
-                break
-        body = parts[0] if len(parts) == 1 else b"".join(parts)
+    def _refused(self, ex: Exchange, rec: RequestRecord, key: ClientKeyInfo, error: ApiError) -> None:
+        rec.status, rec.error = error.status, error.message[:500]
+        _error(ex, error, self._routing_headers(rec, key))
+
+    async def _complete(self, ex: Exchange, req: _Request, first: _Attempt | None) -> None:
         try:
-            data = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ApiError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from exc
-        if not isinstance(data, dict):
-            raise ApiError(400, "the request body must be a JSON object.", code="invalid_json")
-        return body, data
+            await self._forward(ex, req, first)
+        except ApiError as error:
+            self._refused(ex, req.record, req.key, error)
+        finally:
+            self._finish(req.record, req.arrival)
 
     def _table(self, state: GatewayState, data: dict[str, Any]) -> TableTarget:
         model = data.get("model")
@@ -376,55 +370,66 @@ class Gateway:
                 best, best_rank = worker, rank
         return best
 
-    async def _forward(self, scope: Scope, receive: Receive, send: Send, req: _Request, pool: PoolTarget,
-                       body: bytes, strip_usage: bool) -> None:
-        rec = req.record
+    def _attempt(self, ex: Exchange, req: _Request) -> _Attempt | None:
+        """Sends the request to the next worker of its pool (None: none left).
+        The write happens now when an idle connection to the worker is at hand."""
+        worker = self.pick_worker(req.pool, req.tried)
+        if worker is None:
+            return None
         upstream = self._upstream
         assert upstream is not None, "the gateway has not started"
-        path = scope["path"]
-        out_headers = [(b"content-type", b"application/json"), (b"x-request-id", rec.request_id.encode())]
-        tried: set[int] = set()
+        rec = req.record
+        req.tried.add(worker.id)
+        self._worker_names[worker.id] = worker.name
+        self.outstanding[worker.id] += 1
+        rec.worker_id, rec.profile_revision_id = worker.id, worker.revision_id
+        relay = _Relay(self, ex, req) if rec.stream else None
+        headers = [(b"content-type", b"application/json"), (b"x-request-id", rec.request_id.encode())]
+        pending = upstream.start(worker.url + ex.path, headers, req.body,
+                                 on_head=relay.on_head if relay is not None else None)
+        return _Attempt(worker, relay, pending)
+
+    async def _forward(self, ex: Exchange, req: _Request, attempt: _Attempt | None) -> None:
+        rec, pool = req.record, req.pool
         last_error: ApiError | None = None
-        for _ in range(max(1, self.settings.max_attempts)):
-            worker = self.pick_worker(pool, tried)
-            if worker is None:
+        for n in range(max(1, self.settings.max_attempts)):
+            if n:
+                attempt = self._attempt(ex, req)
+            if attempt is None:
                 break
-            tried.add(worker.id)
-            self._worker_names[worker.id] = worker.name
-            self.outstanding[worker.id] += 1
+            worker, relay = attempt.worker, attempt.relay
             try:
                 # Phase 1: the response head. The client has seen nothing, so
                 # any failure here moves on to the next worker.
                 try:
-                    response = await upstream.send(worker.url + path, out_headers, body)
+                    response = await attempt.pending.response()
                 except UpstreamUnavailable as exc:
                     last_error = self._failed(pool, worker, "connect", exc)
                     continue
-                rec.worker_id, rec.profile_revision_id = worker.id, worker.revision_id
+                if relay is not None and relay.done is not None:
+                    # Phase 2b: a stream, under way since its head arrived;
+                    # from its first byte on there is no going back.
+                    self.ejected_until.pop(worker.id, None)
+                    await self._relay(ex, rec, relay, response, pool, worker)
+                    return
                 if response.status in RETRYABLE_STATUSES:
                     last_error = await _retryable(response)
                     self.metrics.upstream_errors.labels(pool.name, worker.name, "status").inc()
                     continue
                 # Phase 2a: a whole reply is read before the client sees any
                 # of it, so a reply that breaks off is still retried.
-                if not (rec.stream and response.status == 200):
-                    try:
-                        payload = await _unless_gone(receive, response.read())
-                    except UpstreamBroken as exc:
-                        await response.close()
-                        last_error = self._failed(pool, worker, "stream", exc)
-                        continue
-                    if payload is None:
-                        rec.status, rec.error = STATUS_CLIENT_GONE, "the client went away"
-                        await response.close()
-                        return
-                    self.ejected_until.pop(worker.id, None)
-                    await self._reply_whole(send, req, response, payload)
+                try:
+                    payload = await _unless_gone(ex.gone, response.read())
+                except UpstreamBroken as exc:
+                    await response.close()
+                    last_error = self._failed(pool, worker, "stream", exc)
+                    continue
+                if payload is None:
+                    rec.status, rec.error = STATUS_CLIENT_GONE, "the client went away"
+                    await response.close()
                     return
-                # Phase 2b: a stream is passed through as it arrives; from its
-                # first byte on there is no going back.
                 self.ejected_until.pop(worker.id, None)
-                await self._relay(send, receive, req, response, strip_usage, pool, worker)
+                self._reply_whole(ex, req, response, payload)
                 return
             finally:
                 self.outstanding[worker.id] -= 1
@@ -441,7 +446,7 @@ class Gateway:
                     worker.name, worker.url, kind, self.settings.eject_seconds, exc)
         return _no_capacity(f"worker {worker.name} failed: {exc}")
 
-    def _routing_headers(self, rec: RequestRecord, key: ClientKeyInfo | None) -> list[tuple[bytes, bytes]]:
+    def _routing_headers(self, rec: RequestRecord, key: ClientKeyInfo | None) -> Headers:
         headers = [(b"x-request-id", rec.request_id.encode())]
         if rec.cohort:
             headers.append((b"x-chunkpilot-cohort", rec.cohort.encode()))
@@ -453,51 +458,42 @@ class Gateway:
                 headers.append((b"x-chunkpilot-worker", self._worker_names.get(rec.worker_id, "").encode()))
         return headers
 
-    def _response_headers(self, req: _Request, response: UpstreamResponse) -> list[tuple[bytes, bytes]]:
+    def _response_headers(self, req: _Request, response: UpstreamResponse) -> Headers:
         headers = [(k, v) for k, v in response.headers if k in PASSED_HEADERS]
         return headers + self._routing_headers(req.record, req.key)
 
-    async def _reply_whole(self, send: Send, req: _Request, response: UpstreamResponse, payload: bytes) -> None:
+    def _reply_whole(self, ex: Exchange, req: _Request, response: UpstreamResponse, payload: bytes) -> None:
         rec = req.record
         rec.status = response.status
-        headers = self._response_headers(req, response)
-        await send({"type": "http.response.start", "status": response.status,
-                    "headers": [*headers, (b"content-length", str(len(payload)).encode())]})
-        await send({"type": "http.response.body", "body": payload})
+        ex.reply(response.status, self._response_headers(req, response), payload)
         if response.status == 200:
             _take_usage(rec, usage_of_body(payload))
         else:
             rec.error = _error_message(payload)
 
-    async def _relay(self, send: Send, receive: Receive, req: _Request, response: UpstreamResponse,
-                     strip_usage: bool, pool: PoolTarget, worker: WorkerTarget) -> None:
-        rec = req.record
+    async def _relay(self, ex: Exchange, rec: RequestRecord, relay: _Relay, response: UpstreamResponse,
+                     pool: PoolTarget, worker: WorkerTarget) -> None:
+        """Waits for the stream's end (or the client's going away) and logs it."""
+        done, meter = relay.done, relay.meter
+        assert done is not None
         rec.status = 200
-        meter = StreamMeter(req.arrival, strip_usage=strip_usage)
-        await send({"type": "http.response.start", "status": 200, "headers": self._response_headers(req, response)})
-        gone = asyncio.ensure_future(receive())  # completes when the client disconnects
-        clock, feed, next_chunk = self.clock, meter.feed, response.next_chunk
         try:
-            while (chunk := await next_chunk()) is not None:
-                out = feed(chunk, clock())
-                if out:
-                    await send({"type": "http.response.body", "body": out, "more_body": True})
-                if gone.done():
-                    rec.status, rec.error = STATUS_CLIENT_GONE, "the client went away mid-stream"
-                    break
+            if not done.done():
+                await asyncio.wait((done, ex.gone), return_when=asyncio.FIRST_COMPLETED)
+            if done.done():
+                done.result()  # raises if the stream broke off
+                ex.end(meter.flush())
             else:
-                await send({"type": "http.response.body", "body": meter.flush(), "more_body": False})
+                rec.status, rec.error = STATUS_CLIENT_GONE, "the client went away mid-stream"
         except UpstreamBroken as exc:
             self._failed(pool, worker, "stream", exc)
             # The client got a 200 and a stream that ends in an error event:
             # the log says so (status as sent, error set), as for a worker's own error event.
             rec.error = f"the worker's stream broke off: {exc}"[:500]
             error = ApiError(502, "The worker's stream broke off.", type="service_unavailable", code="upstream_broken")
-            with contextlib.suppress(Exception):
-                await send({"type": "http.response.body", "body": meter.flush() + b"data: " + error.body() + b"\n\n",
-                            "more_body": False})
+            ex.end(meter.flush() + b"data: " + error.body() + b"\n\n")
         finally:
-            gone.cancel()
+            ex.on_pause = ex.on_resume = None
             await response.close()
         if meter.upstream_error and not rec.error:
             rec.error = meter.upstream_error
@@ -526,9 +522,51 @@ class Gateway:
             log.exception("could not queue the request log row")
 
 
+class _Relay:
+    """One stream from a worker to a client, driven by the worker socket's
+    callbacks: ``on_head`` takes up a 200 as soon as its head is read, and
+    ``on_data`` passes each later read through the meter to the client."""
+
+    __slots__ = ("gateway", "ex", "req", "meter", "done", "headers", "_feed", "_clock")
+
+    def __init__(self, gateway: Gateway, ex: Exchange, req: _Request):
+        self.gateway, self.ex, self.req = gateway, ex, req
+        self.meter = StreamMeter(req.arrival, strip_usage=req.strip_usage)
+        self.done: asyncio.Future[bool] | None = None  # set once the stream is taken up
+        self.headers: Headers = []
+        self._feed, self._clock = self.meter.feed, gateway.clock
+
+    def on_head(self, response: UpstreamResponse) -> bool:
+        """The worker's head is in: a 200 starts the client's stream now
+        (anything else is left to the request's task: a retry or a whole reply)."""
+        if response.status != 200:
+            return False
+        ex = self.ex
+        self.headers = self.gateway._response_headers(self.req, response)
+        ex.on_pause, ex.on_resume = response.pause, response.resume
+        self.done = response.pipe(self.on_data)  # what came with the head is fed at once
+        if not ex.started:
+            ex.start(200, self.headers)
+        return True
+
+    def on_data(self, chunk: bytes) -> None:
+        out = self._feed(chunk, self._clock())
+        ex = self.ex
+        if ex.started:
+            ex.write(out)
+        else:  # the head and the first events in one write
+            ex.start(200, self.headers, out)
+
+
 # ---- helpers -------------------------------------------------------------------------
-def _headers(scope: Scope) -> dict[bytes, bytes]:
-    return dict(scope["headers"])  # ASGI header names are lower-case already
+def _json_object(body: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from exc
+    if not isinstance(data, dict):
+        raise ApiError(400, "the request body must be a JSON object.", code="invalid_json")
+    return data
 
 
 def _asks_usage(data: dict[str, Any]) -> bool:
@@ -572,35 +610,28 @@ async def _retryable(response: UpstreamResponse) -> ApiError:
                     code="no_worker_available", headers=[(b"retry-after", retry_after)])
 
 
-async def _unless_gone(receive: Receive, work: Awaitable[bytes]) -> bytes | None:
+async def _unless_gone(gone: asyncio.Future[None], work: Awaitable[bytes]) -> bytes | None:
     """``work``'s result, or None if the client disconnects first."""
     task = asyncio.ensure_future(work)
-    gone = asyncio.ensure_future(receive())
-    try:
-        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
-        if task.done():
-            return task.result()
-        task.cancel()
-        with contextlib.suppress(BaseException):
-            await task
-        return None
-    finally:
-        gone.cancel()
+    either: set[asyncio.Future[Any]] = {task, gone}
+    await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(BaseException):
+        await task
+    return None
 
 
-async def _reply(send: Send, status: int, body: bytes, content_type: bytes,
-                 headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", content_type), (b"content-length", str(len(body)).encode()),
-                            *(headers or [])]})
-    await send({"type": "http.response.body", "body": body})
+def _reply(ex: Exchange, status: int, body: bytes, content_type: bytes, headers: Headers | None = None) -> None:
+    ex.reply(status, [(b"content-type", content_type), *(headers or [])], body)
 
 
-async def _json(send: Send, status: int, data: Any) -> None:
-    await _reply(send, status, json.dumps(data).encode(), b"application/json")
+def _json(ex: Exchange, status: int, data: Any) -> None:
+    _reply(ex, status, json.dumps(data).encode(), b"application/json")
 
 
-async def _error(send: Send, error: ApiError, extra: list[tuple[bytes, bytes]] | None = None) -> None:
-    if error.status == STATUS_CLIENT_GONE:
+def _error(ex: Exchange, error: ApiError, extra: Headers | None = None) -> None:
+    if error.status == STATUS_CLIENT_GONE or ex.started:
         return
-    await _reply(send, error.status, error.body(), b"application/json", [*error.headers, *(extra or [])])
+    _reply(ex, error.status, error.body(), b"application/json", [*error.headers, *(extra or [])])

@@ -183,6 +183,23 @@ def test_a_stream_is_passed_through_event_by_event_not_buffered(start_gateway, s
     assert b" slow-5" in rest and rest.endswith(b"data: [DONE]\n\n")
 
 
+def test_a_client_that_leaves_mid_stream_is_logged_as_gone_and_the_gateway_serves_on(start_gateway, start_worker,
+                                                                                      user_key) -> None:
+    with start_worker("slow", ttft_ms=5, itl_ms=200) as (url, _):
+        routed_model(urls={"stable": [url]})
+        with start_gateway() as gw:
+            with httpx.stream("POST", f"{gw.url}/v1/completions", timeout=30,
+                              json={"model": "tiny", "prompt": "hi", "max_tokens": 50, "stream": True},
+                              headers={"authorization": f"Bearer {user_key}"}) as r:
+                assert r.status_code == 200
+                assert next(r.iter_raw()).startswith(b"data: ")
+            # The block closed the connection ten seconds before the stream's end.
+            row = wait_until(lambda: RequestLog.objects.filter(status=499).first())
+            assert row.error == "the client went away mid-stream" and row.ttft_seconds is not None
+            assert row.e2e_seconds < 5
+            assert complete(gw.url, user_key, stream=True).status_code == 200
+
+
 # ---- cohorts ---------------------------------------------------------------------------
 def test_the_same_key_gets_the_same_cohort_across_two_gateways_and_a_restart(start_gateway, start_worker, user_key) -> None:
     sessions = [f"conversation-{i}" for i in range(300)]
