@@ -69,7 +69,7 @@ def _has_content(choice: Any) -> bool:
     )
 
 
-@dataclass
+@dataclass(slots=True)
 class StreamMeter:
     arrival: float  # clock reading when the request arrived
     strip_usage: bool = False  # the usage event was asked for by us, not the client

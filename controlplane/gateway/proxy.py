@@ -180,6 +180,11 @@ class Gateway:
         self.ejected_until: dict[int, float] = {}  # by worker id, clock time
         self._turn = 0  # rotates the start of each scan so ties spread
         self._worker_names: dict[int, str] = {}
+        # Authorization headers already checked against this state's keys
+        # (a hash and a decode per request otherwise); emptied with each new state.
+        self._known_keys: dict[bytes, ClientKeyInfo] = {}
+        self._known_keys_of: GatewayState | None = None
+        self._observers: dict[tuple[str, str], tuple[Any, ...]] = {}  # metric children by (model, cohort)
         self.metrics.watch(self._epochs_by_model, self._outstanding_by_name)
 
     # ---- lifecycle ------------------------------------------------------------
@@ -254,6 +259,10 @@ class Gateway:
     # ---- completions --------------------------------------------------------------
     def _authenticate(self, headers: dict[bytes, bytes], state: GatewayState) -> ClientKeyInfo:
         auth = headers.get(b"authorization", b"")
+        if self._known_keys_of is not state or len(self._known_keys) > 10_000:
+            self._known_keys, self._known_keys_of = {}, state
+        elif (known := self._known_keys.get(auth)) is not None:
+            return known
         scheme, _, token = auth.partition(b" ")
         if not token or scheme.lower() != b"bearer":
             raise ApiError(401, "You didn't provide an API key: send `Authorization: Bearer <key>`.",
@@ -261,6 +270,7 @@ class Gateway:
         info = state.keys.get(hash_key(token.strip().decode("latin-1")))
         if info is None:
             raise ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
+        self._known_keys[auth] = info
         return info
 
     def _completion(self, ex: Exchange) -> Awaitable[None] | None:
@@ -507,15 +517,25 @@ class Gateway:
     def _finish(self, rec: RequestRecord, arrival: float) -> None:
         rec.e2e_seconds = self.clock() - arrival
         m = self.metrics
-        m.requests.labels(rec.model, rec.cohort, str(rec.status)).inc()
-        if rec.status == 200:
-            m.e2e.labels(rec.model, rec.cohort).observe(rec.e2e_seconds)
+        if rec.status != 200:
+            m.requests.labels(rec.model, rec.cohort, str(rec.status)).inc()
+        else:
+            observers = self._observers.get((rec.model, rec.cohort))
+            if observers is None:  # labels() looks up under a lock: once per model and cohort
+                labels = (rec.model, rec.cohort)
+                observers = self._observers[labels] = (
+                    m.requests.labels(*labels, "200"), m.e2e.labels(*labels), m.ttft.labels(*labels),
+                    m.max_gap.labels(*labels), m.tpot.labels(*labels),
+                )
+            ok, e2e, ttft, max_gap, tpot = observers
+            ok.inc()
+            e2e.observe(rec.e2e_seconds)
             if rec.ttft_seconds is not None:
-                m.ttft.labels(rec.model, rec.cohort).observe(rec.ttft_seconds)
+                ttft.observe(rec.ttft_seconds)
             if rec.max_gap_seconds is not None:
-                m.max_gap.labels(rec.model, rec.cohort).observe(rec.max_gap_seconds)
+                max_gap.observe(rec.max_gap_seconds)
             if rec.tpot_seconds is not None:
-                m.tpot.labels(rec.model, rec.cohort).observe(rec.tpot_seconds)
+                tpot.observe(rec.tpot_seconds)
         try:
             self.record(rec)
         except Exception:  # noqa: BLE001 - the log is never worth failing a request over

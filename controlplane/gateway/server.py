@@ -48,6 +48,7 @@ Headers = list[tuple[bytes, bytes]]
 @dataclass(frozen=True)
 class ServerSettings:
     max_body_bytes: int = 32 << 20
+    max_head_bytes: int = 64 << 10  # request line and headers
     keep_alive_seconds: float = 30.0  # an idle connection is closed after this
     grace_seconds: float = 30.0  # how long requests in flight may finish on shutdown
     backlog: int = 4096
@@ -164,6 +165,7 @@ class _HttpProtocol(asyncio.Protocol):
 
     def _reset(self) -> None:
         self._url = b""
+        self._head_size = 0
         self._headers: dict[bytes, bytes] = {}
         self._body: list[bytes] = []
         self._size = 0
@@ -183,9 +185,9 @@ class _HttpProtocol(asyncio.Protocol):
         except httptools.HttpParserUpgrade:
             self._refuse(BadRequest(400, "protocol upgrades are not supported"))
         except httptools.HttpParserError as exc:
-            self._refuse(BadRequest(400, f"malformed request: {exc}"))
-        except BadRequest as exc:
-            self._refuse(exc)
+            # What a callback raised arrives wrapped, the original as the context.
+            cause = exc.__context__
+            self._refuse(cause if isinstance(cause, BadRequest) else BadRequest(400, f"malformed request: {exc}"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
@@ -213,9 +215,16 @@ class _HttpProtocol(asyncio.Protocol):
 
     def on_url(self, url: bytes) -> None:
         self._url += url
+        self._count_head(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers[name.lower()] = value
+        self._count_head(len(name) + len(value))
+
+    def _count_head(self, size: int) -> None:
+        self._head_size += size
+        if self._head_size > self.settings.max_head_bytes:
+            raise BadRequest(431, f"the request line and headers are over {self.settings.max_head_bytes} bytes")
 
     def on_headers_complete(self) -> None:
         declared = self._headers.get(b"content-length")

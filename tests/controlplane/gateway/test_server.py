@@ -119,6 +119,18 @@ def test_a_body_over_the_limit_gets_413_and_the_connection_is_closed() -> None:
     run(test)
 
 
+def test_headers_over_the_limit_get_431_and_the_connection_is_closed() -> None:
+    async def test() -> None:
+        async with serving(echo, max_head_bytes=1024) as srv:
+            reader, writer = await connect(srv["port"])
+            writer.write(post("/a", b"", *[b"x-filler-%d: %s" % (i, b"y" * 100) for i in range(20)]))
+            status, _, body = await read_response(reader)
+            assert status == 431 and b"over 1024 bytes" in body
+            assert await asyncio.wait_for(reader.read(), 5) == b""
+
+    run(test)
+
+
 def test_expect_100_continue_is_answered_before_the_body_is_sent() -> None:
     async def test() -> None:
         async with serving(echo) as srv:

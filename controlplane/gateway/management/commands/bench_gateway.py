@@ -146,7 +146,7 @@ class Command(BaseCommand):
             f"CPU per stream {bench.times(bench.ratio(gw['cpu_ms_per_stream'], nx['cpu_ms_per_stream']))} nginx's")
         rr50 = bench.ratio(gw["round_added_p50_ms"], nx["round_added_p50_ms"])
         rr99 = bench.ratio(gw["round_added_p99_ms"], nx["round_added_p99_ms"])
-        out(f"round by round (median of {options['rounds']} paired differences): gateway P50 "
+        out(f"paired within each round (median of {options['rounds']} rounds): gateway P50 "
             f"{gw['round_added_p50_ms']:.3f} ms, P99 {gw['round_added_p99_ms']:.3f} ms; nginx P50 "
             f"{nx['round_added_p50_ms']:.3f} ms, P99 {nx['round_added_p99_ms']:.3f} ms; ratio P50 {bench.times(rr50)}, "
             f"P99 {bench.times(rr99)} (goal <= 3x)")
