@@ -493,8 +493,10 @@ class Gateway:
             if done.done():
                 done.result()  # raises if the stream broke off
                 ex.end(meter.flush())
-            else:
+            elif not meter.done:
                 rec.status, rec.error = STATUS_CLIENT_GONE, "the client went away mid-stream"
+            # else: the client had the whole stream, [DONE] included, and hung
+            # up before the worker's closing bytes arrived: a complete request.
         except UpstreamBroken as exc:
             self._failed(pool, worker, "stream", exc)
             # The client got a 200 and a stream that ends in an error event:
