@@ -421,7 +421,7 @@ class _Pending:
         assert conn.transport is not None
         self._conn = conn
         conn.in_flight = True
-        self.response_ = response = _Response(self._client, self._key, conn)
+        self._response = response = _Response(self._client, self._key, conn)
         on_head = self._on_head
         if on_head is not None:
             conn._on_head = lambda: on_head(response._head_in())
@@ -457,7 +457,7 @@ class _Pending:
                 if conn.transport is not None:
                     conn.transport.close()
                 raise
-            return self.response_._head_in()
+            return self._response._head_in()
 
 
 # ---- httpx ---------------------------------------------------------------------------------
