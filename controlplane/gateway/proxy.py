@@ -136,7 +136,6 @@ class _Request:
     arrival: float
     record: RequestRecord
     key: ClientKeyInfo
-    headers: dict[bytes, bytes]
     pool: PoolTarget
     body: bytes  # as sent to workers
     strip_usage: bool  # the usage event was asked for by the gateway, not the client
@@ -303,7 +302,7 @@ class Gateway:
                 strip_usage = True
             else:
                 strip_usage = False
-            req = _Request(arrival, rec, key, headers, pool, body, strip_usage)
+            req = _Request(arrival, rec, key, pool, body, strip_usage)
             first = self._attempt(ex, req)
         except ApiError as error:
             self._refused(ex, rec, key, error)

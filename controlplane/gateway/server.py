@@ -32,6 +32,7 @@ import asyncio
 import collections
 import contextlib
 import functools
+import json
 import logging
 import signal
 from collections.abc import Awaitable, Callable
@@ -74,15 +75,13 @@ class Exchange:
     ``headers`` (lower-case names) and ``body``, then answers with ``reply``
     or with ``start``, ``write``... and ``end``."""
 
-    __slots__ = ("method", "path", "query", "headers", "body", "keep_alive", "http_10", "gone", "on_pause",
-                 "on_resume", "started", "ended", "status", "too_large", "_conn", "_chunked")
+    __slots__ = ("method", "path", "headers", "body", "keep_alive", "http_10", "gone", "on_pause", "on_resume",
+                 "started", "ended", "too_large", "_conn", "_chunked")
 
     def __init__(self, conn: _HttpProtocol, method: str, url: bytes, headers: dict[bytes, bytes], body: bytes,
                  keep_alive: bool, http_10: bool):
-        path, _, query = url.partition(b"?")
         self.method = method
-        self.path = path.decode("latin-1")
-        self.query = query
+        self.path = url.partition(b"?")[0].decode("latin-1")  # workers are sent the path alone, as before
         self.headers = headers
         self.body = body
         self.keep_alive = keep_alive
@@ -93,13 +92,12 @@ class Exchange:
         self.on_pause: Callable[[], None] | None = None  # the client's socket is full / drained again
         self.on_resume: Callable[[], None] | None = None
         self.started = self.ended = False
-        self.status = 0
         self.too_large = False  # the body was over the limit and is not here
         self._conn = conn
         self._chunked = False
 
     def _head(self, status: int, headers: Headers, framing: bytes) -> bytes:
-        self.started, self.status = True, status
+        self.started = True
         lines = [b"HTTP/1.1 %d %s\r\n" % (status, _reason(status))]
         lines += [name + b": " + value + b"\r\n" for name, value in headers]
         if not self.keep_alive:
@@ -328,8 +326,8 @@ class _HttpProtocol(asyncio.Protocol):
         if self.transport is None or self.lost:
             return
         if self.current is None:
-            body = b'{"error": {"message": "%s", "type": "invalid_request_error", "param": null, "code": null}}' % (
-                str(error).replace('"', "'").encode("latin-1", "replace"))
+            body = json.dumps({"error": {"message": str(error), "type": "invalid_request_error", "param": None,
+                                         "code": None}}).encode()
             self.transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
                                  b"connection: close\r\n\r\n%s" % (error.status, _reason(error.status), len(body), body))
         self.transport.close()
