@@ -11,4 +11,6 @@ urlpatterns = [
     path("", include("controlplane.metrics.urls")),
     path("", include("controlplane.rollouts.urls")),
     path("", include("controlplane.alerts.urls")),
+    path("", include("controlplane.experiments.urls")),
+    path("", include("controlplane.advisor.urls")),
 ]

@@ -18,7 +18,11 @@ from typing import Any
 
 from django.db import transaction
 
+from controlplane.accounts.roles import Role, grant_role
+from controlplane.fleet.models import EnrollmentToken, Pool
+from controlplane.gateway import demo as gateway_demo
 from controlplane.launcher import ProcessSpec, free_port
+from controlplane.profiles.models import Profile
 
 PYTHON = sys.executable
 ADMIN_USERNAME = "admin"
@@ -31,8 +35,10 @@ DEMO_MAX_MODEL_LEN = 4096
 # tokens) at this many requests per second. 0 turns it off.
 DEMO_TRAFFIC_RATE = float(os.environ.get("CHUNKPILOT_DEMO_RATE", "0.5"))
 
-# Three reference workers in two pools (name, pool).
-DEMO_WORKERS = [("ref-1", "stable"), ("ref-2", "stable"), ("ref-3", "canary")]
+# Four reference workers in three pools (name, pool). The lab pool is in no
+# routing table: experiments run on it (its worker is labelled demo_pool=lab,
+# which "New experiment" picks by default).
+DEMO_WORKERS = [("ref-1", "stable"), ("ref-2", "stable"), ("ref-3", "canary"), ("lab-1", "lab")]
 
 # Profiles as (name, engine kind, [(fields, comment), ...]): the chunked one
 # has two revisions so its page has a diff to show.
@@ -41,18 +47,40 @@ DEMO_PROFILES: list[tuple[str, str, list[tuple[dict[str, Any], str]]]] = [
         "chunked",
         "reference",
         [
-            ({"prefill_mode": "chunked", "max_num_batched_tokens": 512, "long_prefill_token_threshold": 256, "max_num_seqs": 32}, "Sarathi-style baseline"),
-            ({"prefill_mode": "chunked", "max_num_batched_tokens": 1024, "long_prefill_token_threshold": 512, "max_num_seqs": 32}, "bigger budget and chunks"),
+            (
+                {
+                    "prefill_mode": "chunked",
+                    "max_num_batched_tokens": 512,
+                    "long_prefill_token_threshold": 256,
+                    "max_num_seqs": 32,
+                },
+                "Sarathi-style baseline",
+            ),
+            (
+                {
+                    "prefill_mode": "chunked",
+                    "max_num_batched_tokens": 1024,
+                    "long_prefill_token_threshold": 512,
+                    "max_num_seqs": 32,
+                },
+                "bigger budget and chunks",
+            ),
         ],
     ),
     (
         "monolithic",
         "reference",
-        [({"prefill_mode": "monolithic", "max_num_batched_tokens": DEMO_MAX_MODEL_LEN, "max_num_seqs": 32}, "classic baseline")],
+        [
+            (
+                {"prefill_mode": "monolithic", "max_num_batched_tokens": DEMO_MAX_MODEL_LEN, "max_num_seqs": 32},
+                "classic baseline",
+            )
+        ],
     ),
 ]
 # Pool → (profile, revision) it should run.
-DEMO_POOLS = {"stable": ("chunked", 1), "canary": ("chunked", 2)}
+DEMO_POOLS = {"stable": ("chunked", 1), "canary": ("chunked", 2), "lab": ("chunked", 1)}
+
 
 @dataclass
 class DemoContext:
@@ -77,14 +105,15 @@ class DemoContext:
 
     def env(self) -> dict[str, str]:
         """What every child needs to find the same database and Redis."""
-        return {"CHUNKPILOT_DATA_DIR": str(self.data_dir), "EXTERNAL_URL": self.url}
+        env = {"CHUNKPILOT_DATA_DIR": str(self.data_dir), "EXTERNAL_URL": self.url}
+        if self.model_dir is not None:  # experiments build replay prompts with the served model's tokenizer
+            env["EXPERIMENT_TOKENIZER_DIR"] = str(self.model_dir)
+        return env
 
 
 def ensure_admin(password: str | None) -> str:
     """The admin user, with ``password`` or a generated one; returns it."""
     from django.contrib.auth import get_user_model
-
-    from controlplane.accounts.roles import Role, grant_role
 
     password = password or secrets.token_urlsafe(12)
     User = get_user_model()
@@ -101,27 +130,23 @@ def seed(ctx: DemoContext) -> None:
     """Profiles, pools, one fresh enrollment token per pool, and the gateway's
     routing table and client key. Safe to run on every start: existing rows
     are kept, tokens and keys of earlier runs revoked."""
-    from controlplane import audit
-    from controlplane.fleet.models import EnrollmentToken, Pool
-    from controlplane.gateway import demo as gateway_demo
-    from controlplane.profiles.models import Profile
-
     actor = "system:demo"
     for name, engine_kind, revisions in DEMO_PROFILES:
-        profile, created = Profile.objects.get_or_create(name=name, defaults={"engine_kind": engine_kind})
-        if created:
-            for fields, comment in revisions:
-                profile.add_revision(fields, comment=comment)
-            audit.record(actor, "profile.create", profile, None, profile.audit_state())
+        if not Profile.objects.filter(name=name).exists():
+            profile = Profile(name=name, engine_kind=engine_kind)
+            with profile.changing(actor):  # one profile.create row, with its last revision
+                profile.save()
+                for fields, comment in revisions:
+                    profile.add_revision(fields, comment=comment)
     for pool_name, (profile_name, revision) in DEMO_POOLS.items():
-        pool, created = Pool.objects.get_or_create(name=pool_name)
-        if created:
-            pool.set_desired_revision(Profile.objects.get(name=profile_name).revisions.get(revision=revision))
-            audit.record(actor, "pool.create", pool, None, audit.snapshot(pool))
+        if not Pool.objects.filter(name=pool_name).exists():
+            pool = Pool(name=pool_name)
+            with pool.changing(actor):
+                pool.save()
+                pool.set_desired_revision(Profile.objects.get(name=profile_name).revisions.get(revision=revision))
     EnrollmentToken.objects.filter(name__startswith="demo:").delete()
     for pool in Pool.objects.filter(name__in=DEMO_POOLS):
-        token, plaintext = EnrollmentToken.issue(f"demo: {pool.name}", pool=pool)
-        audit.record(actor, "enrollment_token.create", token, None, audit.snapshot(token))
+        _, plaintext = EnrollmentToken.issue(f"demo: {pool.name}", actor=actor, pool=pool)
         ctx.enroll_tokens[pool.name] = plaintext
     ctx.client_key = gateway_demo.seed(ctx.model_name)
 
@@ -132,8 +157,6 @@ def worker_server_available() -> bool:
 
 def processes(ctx: DemoContext) -> list[ProcessSpec]:
     """Every process of the demo, in start order. Add new ones here."""
-    from controlplane.gateway import demo as gateway_demo
-
     env = ctx.env()
     specs = [
         ProcessSpec(
@@ -144,15 +167,41 @@ def processes(ctx: DemoContext) -> list[ProcessSpec]:
         ),
         ProcessSpec(
             "celery-worker",
-            [PYTHON, "-m", "celery", "-A", "controlplane", "worker", "--loglevel", "INFO", "--concurrency", "2",
-             "--without-gossip", "--without-mingle", "-n", "demo@%h"],
+            [
+                PYTHON,
+                "-m",
+                "celery",
+                "-A",
+                "controlplane",
+                "worker",
+                "--loglevel",
+                "INFO",
+                "--concurrency",
+                "2",
+                "--without-gossip",
+                "--without-mingle",
+                "-n",
+                "demo@%h",
+            ],
             env=env,
             ready_text="ready.",
         ),
         ProcessSpec(
             "celery-beat",
-            [PYTHON, "-m", "celery", "-A", "controlplane", "beat", "--loglevel", "INFO",
-             "--schedule", str(ctx.data_dir / "celerybeat-schedule"), "--pidfile", ""],
+            [
+                PYTHON,
+                "-m",
+                "celery",
+                "-A",
+                "controlplane",
+                "beat",
+                "--loglevel",
+                "INFO",
+                "--schedule",
+                str(ctx.data_dir / "celerybeat-schedule"),
+                "--pidfile",
+                "",
+            ],
             env=env,
             ready_text="beat: Starting",
         ),
@@ -164,10 +213,32 @@ def processes(ctx: DemoContext) -> list[ProcessSpec]:
             specs.append(
                 ProcessSpec(
                     name,
-                    [PYTHON, "-m", "workers", "serve", "--engine", "reference", "--model", str(ctx.model_dir),
-                     "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(DEMO_MAX_MODEL_LEN),
-                     "--control-plane", ctx.url, "--enroll-token", ctx.enroll_tokens[pool], "--name", name,
-                     "--label", f"demo_pool={pool}", "--state-file", str(ctx.data_dir / "demo" / f"{name}.json")],
+                    [
+                        PYTHON,
+                        "-m",
+                        "workers",
+                        "serve",
+                        "--engine",
+                        "reference",
+                        "--model",
+                        str(ctx.model_dir),
+                        "--host",
+                        "127.0.0.1",
+                        "--port",
+                        str(port),
+                        "--max-model-len",
+                        str(DEMO_MAX_MODEL_LEN),
+                        "--control-plane",
+                        ctx.url,
+                        "--enroll-token",
+                        ctx.enroll_tokens[pool],
+                        "--name",
+                        name,
+                        "--label",
+                        f"demo_pool={pool}",
+                        "--state-file",
+                        str(ctx.data_dir / "demo" / f"{name}.json"),
+                    ],
                     env=env,
                     # Up once its HTTP server answers; /health says 503 until the
                     # engine has loaded, which the fleet page shows as it happens.
@@ -179,11 +250,29 @@ def processes(ctx: DemoContext) -> list[ProcessSpec]:
             specs.append(
                 ProcessSpec(
                     "traffic",
-                    [PYTHON, "-m", "workers", "loadgen", "--url", f"http://{ctx.host}:{ctx.gateway_port}",
-                     "--api-key", ctx.client_key, "--scenario", "long-tail", "--rate", str(DEMO_TRAFFIC_RATE),
-                     "--duration", "300", "--rounds", "0", "--wait", "600",
-                     # many conversations, so a canary at 10% gets its share
-                     "--sticky-keys", "200"],
+                    [
+                        PYTHON,
+                        "-m",
+                        "workers",
+                        "loadgen",
+                        "--url",
+                        f"http://{ctx.host}:{ctx.gateway_port}",
+                        "--api-key",
+                        ctx.client_key,
+                        "--scenario",
+                        "long-tail",
+                        "--rate",
+                        str(DEMO_TRAFFIC_RATE),
+                        "--duration",
+                        "300",
+                        "--rounds",
+                        "0",
+                        "--wait",
+                        "600",
+                        # many conversations, so a canary at 10% gets its share
+                        "--sticky-keys",
+                        "200",
+                    ],
                     env=env,
                 )
             )

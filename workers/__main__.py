@@ -10,13 +10,36 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import NamedTuple
 
-COMMANDS: dict[str, tuple[str, str]] = {
-    "make-tiny-model": ("workers.engine.tiny", "write the project's tiny Llama checkpoint"),
-    "bench": ("workers.bench", "benchmark prefill modes on a seeded long-tailed workload"),
-    "serve": ("workers.server.cli", "serve the OpenAI API from one engine, with the agent"),
-    "loadgen": ("workers.loadgen", "drive an OpenAI endpoint with streaming traffic"),
-    "bench-serve": ("workers.bench_serve", "benchmark HTTP against in-process streaming, and vLLM against reference"),
+
+class Command(NamedTuple):
+    module: str  # imported only when the command is chosen
+    summary: str
+    add_arguments: str = "add_arguments"  # the module's functions for this command
+    main: str = "main"
+
+
+COMMANDS: dict[str, Command] = {
+    "make-tiny-model": Command(
+        "workers.engines.reference.tiny", "put the project's tiny Llama checkpoint in a directory"
+    ),
+    "build-tiny-model": Command(
+        "workers.engines.reference.tiny",
+        "train the tiny checkpoint from its recipe and rewrite the shipped copy",
+        add_arguments="add_build_arguments",
+        main="main_build",
+    ),
+    "bench": Command("workers.bench", "benchmark prefill modes on a seeded long-tailed workload"),
+    "serve": Command("workers.server.cli", "serve the OpenAI API from one engine, with the agent"),
+    "loadgen": Command("workers.loadgen", "drive an OpenAI endpoint with streaming traffic"),
+    "replay": Command("workers.replay", "replay a captured workload against one worker at its recorded rate"),
+    "gpu-check": Command(
+        "workers.gpu_check", "check the reference engine on a GPU: parity, memory, stalls, roofline, overhead"
+    ),
+    "bench-serve": Command(
+        "workers.bench_serve", "benchmark HTTP against in-process streaming, and vLLM against reference"
+    ),
 }
 
 
@@ -24,15 +47,16 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="python -m workers")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (_, help_text) in COMMANDS.items():
-        sub.add_parser(name, help=help_text, add_help=False)
+    for name, command in COMMANDS.items():
+        sub.add_parser(name, help=command.summary, add_help=False)
     if not argv or argv[0] not in COMMANDS:
         parser.print_help()
         return 0 if argv and argv[0] in ("-h", "--help") else 2
-    module = importlib.import_module(COMMANDS[argv[0]][0])
-    cmd_parser = argparse.ArgumentParser(prog=f"python -m workers {argv[0]}", description=COMMANDS[argv[0]][1])
-    module.add_arguments(cmd_parser)
-    return int(module.main(cmd_parser.parse_args(argv[1:])) or 0)
+    command = COMMANDS[argv[0]]
+    module = importlib.import_module(command.module)
+    cmd_parser = argparse.ArgumentParser(prog=f"python -m workers {argv[0]}", description=command.summary)
+    getattr(module, command.add_arguments)(cmd_parser)
+    return int(getattr(module, command.main)(cmd_parser.parse_args(argv[1:])) or 0)
 
 
 if __name__ == "__main__":

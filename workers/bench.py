@@ -15,9 +15,18 @@ Three scenarios, all in this one process, on the same checkpoint:
 3. offline — a batch of requests all at once: engine throughput, the figure
    to compare with vLLM.
 
+``--workload FILE`` replaces the mixed workload by a captured one (the JSON
+that ``python -m workers replay`` takes: an experiment's workload), sampled
+exactly as replay and an experiment's arm sample it (same seed, tokenizer,
+block size and context cap), after ``--warmup`` seconds of it; ``--profile
+JSON`` runs that one profile instead of the monolithic and budget grid. So
+an experiment's figures for an arm can be held against this bench on the
+same workload and profile (``manage.py bench_experiment``).
+
 When vLLM is importable, the same workloads then run through vLLM's V1
 engine in a child process of the bench (engine core in-process:
-multiprocessing off, eager, explicit KV size), and the ratios are printed. Timestamps come from this harness for both engines
+multiprocessing off, eager, explicit KV size), and the ratios are printed. Timestamps come from this harness for both
+engines
 (a token's time is when its step returned); block-level figures (memory,
 fragmentation, prefill wait) come from our engine's own records.
 """
@@ -25,46 +34,102 @@ fragmentation, prefill wait) come from our engine's own records.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
+import importlib.util
 import json
 import math
 import os
 import random
+import subprocess
 import sys
+import tempfile
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
+
+import torch
 
 from workers import figures
-from workers.engine_api import RequestMetrics, StepMetrics
+from workers.engines.api import RequestMetrics, SamplingParams, StepMetrics
+from workers.engines.reference import LLMEngine
+from workers.engines.reference.config import ModelConfig
+from workers.engines.reference.sequence import OutputKind
+from workers.engines.reference.tiny import ensure_tiny_model
+from workers.profile import EngineProfile
+
+# vLLM is imported where its adapter is built, never up here: only the bench's
+# child process runs it (see main), after prepare_vllm_environment().
 
 DEFAULT_MODEL = Path("var/tiny-model")
+WARMUP_SEED = 1000  # as an experiment's warm-up (controlplane.experiments.runner)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="checkpoint dir (default: the tiny model, built if missing)")
+    parser.add_argument(
+        "--model", type=Path, default=DEFAULT_MODEL, help="checkpoint dir (default: the tiny model, built if missing)"
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--duration", type=float, default=25.0, help="seconds of arrivals in the mixed workload (default 25)")
+    parser.add_argument(
+        "--duration", type=float, default=25.0, help="seconds of arrivals in the mixed workload (default 25)"
+    )
     parser.add_argument("--rate", type=float, default=3.0, help="mean arrivals per second (default 3)")
     parser.add_argument("--long-fraction", type=float, default=0.1, help="share of long prompts (default 0.1)")
-    parser.add_argument("--long-tokens", type=str, default="10000-16000", help="long prompt length range (default 10000-16000)")
-    parser.add_argument("--budgets", type=str, default="256,512,1024", help="chunked budgets to run (default 256,512,1024)")
+    parser.add_argument(
+        "--long-tokens", type=str, default="10000-16000", help="long prompt length range (default 10000-16000)"
+    )
+    parser.add_argument(
+        "--budgets", type=str, default="256,512,1024", help="chunked budgets to run (default 256,512,1024)"
+    )
     parser.add_argument("--long-prompt", type=int, default=8192, help="length of the long-alone prompt (default 8192)")
     parser.add_argument("--repeats", type=int, default=2, help="long-alone repeats; the best counts (default 2)")
     parser.add_argument("--offline-requests", type=int, default=96, help="requests in the offline batch (default 96)")
-    parser.add_argument("--block-size", type=int, default=32, help="KV block size for both engines (vLLM's CPU needs ×32)")
+    parser.add_argument(
+        "--block-size", type=int, default=32, help="KV block size for both engines (vLLM's CPU needs ×32)"
+    )
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--max-model-len", type=int, default=16384)
     parser.add_argument("--slo-ttft", type=float, default=2.0, help="goodput TTFT objective, seconds (default 2)")
     parser.add_argument("--slo-tpot", type=float, default=0.1, help="goodput TPOT objective, seconds (default 0.1)")
-    parser.add_argument("--vllm", choices=("auto", "on", "off"), default="auto", help="also run vLLM (auto: when importable)")
-    parser.add_argument("--vllm-budgets", type=str, default="512", help="chunked budgets for vLLM's mixed run (default 512)")
+    parser.add_argument(
+        "--vllm", choices=("auto", "on", "off"), default="auto", help="also run vLLM (auto: when importable)"
+    )
+    parser.add_argument(
+        "--vllm-budgets", type=str, default="512", help="chunked budgets for vLLM's mixed run (default 512)"
+    )
     parser.add_argument("--scenarios", type=str, default="mixed,long-alone,offline")
     parser.add_argument("--quick", action="store_true", help="a short smoke run: 8 s of arrivals, smaller prompts")
-    parser.add_argument("--json", type=str, default=None, metavar="PATH", help="also write every figure as JSON ('-': stdout)")
+    parser.add_argument(
+        "--json", type=str, default=None, metavar="PATH", help="also write every figure as JSON ('-': stdout)"
+    )
+    parser.add_argument(
+        "--cpu-hog",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N busy processes beside the bench for the whole run, the same load for every configuration (default 0)",
+    )
+    parser.add_argument(
+        "--workload",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="mixed: replay this captured workload (replay's JSON) instead of the seeded one",
+    )
+    parser.add_argument("--rate-scale", type=float, default=1.0, help="--workload: multiply its recorded rate")
+    parser.add_argument(
+        "--warmup", type=float, default=0.0, help="--workload: seconds of it replayed first, unmeasured"
+    )
+    parser.add_argument(
+        "--profile",
+        type=str,
+        default=None,
+        metavar="JSON",
+        help="run only this engine profile (its other knobs at their defaults), labelled 'profile'",
+    )
     parser.add_argument("--only-vllm", action="store_true", help=argparse.SUPPRESS)  # the child process
 
 
@@ -110,7 +175,37 @@ def mixed_workload(
     return out
 
 
+def captured_workload(
+    path: Path, model: Path, seed: int, duration: float, rate_scale: float, block_size: int, max_model_len: int
+) -> list[Request]:
+    """A captured workload's requests, drawn as ``python -m workers replay``
+    and an experiment's arm draw them (``replay.sample``: the same seed
+    gives the same requests)."""
+    from workers import replay as captured  # imported here: the seeded workload needs none of it
+
+    data = json.loads(path.read_text())
+    spec = captured.WorkloadSpec.from_dict(data.get("spec", data))
+    planned = captured.sample(
+        spec,
+        vocabulary=captured.vocabulary(model),
+        seed=seed,
+        duration_seconds=duration,
+        rate_scale=rate_scale,
+        block_size=block_size,
+        max_model_len=max_model_len,
+    )
+    return [
+        Request(f"w{i}", p.start_seconds, list(p.prompt_token_ids or []), p.max_tokens) for i, p in enumerate(planned)
+    ]
+
+
 # ---- engines behind one small interface -----------------------------------------
+class StepOutput(NamedTuple):
+    request_id: str
+    num_new_tokens: int
+    finished: bool
+
+
 class Adapter:
     label: str
     steps: list[StepMetrics]
@@ -119,7 +214,7 @@ class Adapter:
     def add(self, r: Request, arrival: float) -> None:
         raise NotImplementedError
 
-    def step(self) -> list[tuple[str, int, bool]]:  # (request id, new tokens, finished)
+    def step(self) -> list[StepOutput]:
         raise NotImplementedError
 
     def has_work(self) -> bool:
@@ -131,8 +226,6 @@ class Adapter:
 
 class ReferenceAdapter(Adapter):
     def __init__(self, label: str, model: Path, profile: dict[str, Any], max_model_len: int):
-        from workers.engine import LLMEngine
-
         self.label = label
         self.engine = LLMEngine(model, max_model_len=max_model_len, **profile)
         self.steps = []
@@ -146,14 +239,13 @@ class ReferenceAdapter(Adapter):
         self.engine_metrics[request_id] = metrics
 
     def add(self, r: Request, arrival: float) -> None:
-        from workers.engine.sequence import OutputKind
-        from workers.engine_api import SamplingParams
-
         params = SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=True)
-        self.engine.add_request(r.request_id, r.prompt_token_ids, params, arrival_time=arrival, output_kind=OutputKind.DELTA)
+        self.engine.add_request(
+            r.request_id, r.prompt_token_ids, params, arrival_time=arrival, output_kind=OutputKind.DELTA
+        )
 
-    def step(self) -> list[tuple[str, int, bool]]:
-        return [(o.request_id, len(o.outputs[0].token_ids), o.finished) for o in self.engine.step()]
+    def step(self) -> list[StepOutput]:
+        return [StepOutput(o.request_id, len(o.outputs[0].token_ids), o.finished) for o in self.engine.step()]
 
     def has_work(self) -> bool:
         return self.engine.has_unfinished_requests()
@@ -165,16 +257,23 @@ class ReferenceAdapter(Adapter):
 
 class VLLMAdapter(Adapter):
     def __init__(self, label: str, model: Path, profile: dict[str, Any], max_model_len: int, kv_cache_bytes: int):
-        from vllm.engine.arg_utils import EngineArgs
+        from vllm.engine.arg_utils import EngineArgs  # vLLM: see the note at the top
         from vllm.v1.engine.llm_engine import LLMEngine
 
         self.label = label
         chunked = profile.get("prefill_mode", "chunked") == "chunked"
         kwargs: dict[str, Any] = dict(
-            model=str(model), tokenizer=str(model), dtype="float32", seed=0, enforce_eager=True,
-            max_model_len=max_model_len, enable_chunked_prefill=chunked,
-            max_num_batched_tokens=profile["max_num_batched_tokens"], max_num_seqs=profile["max_num_seqs"],
-            block_size=profile["block_size"], kv_cache_memory_bytes=kv_cache_bytes,
+            model=str(model),
+            tokenizer=str(model),
+            dtype="float32",
+            seed=0,
+            enforce_eager=True,
+            max_model_len=max_model_len,
+            enable_chunked_prefill=chunked,
+            max_num_batched_tokens=profile["max_num_batched_tokens"],
+            max_num_seqs=profile["max_num_seqs"],
+            block_size=profile["block_size"],
+            kv_cache_memory_bytes=kv_cache_bytes,
             disable_log_stats=False,  # per-request stats carry when each request was first scheduled
         )
         self.engine = LLMEngine.from_engine_args(EngineArgs(**kwargs), enable_multiprocessing=False)
@@ -183,14 +282,16 @@ class VLLMAdapter(Adapter):
         self.ids: dict[str, str] = {}
 
     def add(self, r: Request, arrival: float) -> None:
-        from vllm import SamplingParams
+        from vllm import SamplingParams as VSamplingParams  # vLLM: see the note at the top
         from vllm.sampling_params import RequestOutputKind
 
-        params = SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
+        params = VSamplingParams(
+            temperature=0, max_tokens=r.max_tokens, ignore_eos=True, output_kind=RequestOutputKind.DELTA
+        )
         internal = self.engine.add_request(r.request_id, {"prompt_token_ids": r.prompt_token_ids}, params)
         self.ids[str(internal) if internal is not None else r.request_id] = r.request_id
 
-    def step(self) -> list[tuple[str, int, bool]]:
+    def step(self) -> list[StepOutput]:
         outs: list[Any] = self.engine.step()
         result = []
         for o in outs:
@@ -201,7 +302,7 @@ class VLLMAdapter(Adapter):
                 if own.first_scheduled_time is None:  # engine-core monotonic time, same clock in-process
                     own.first_scheduled_time = stats.scheduled_ts
                 own.num_preemptions = stats.num_preemptions
-            result.append((request_id, len(o.outputs[0].token_ids), o.finished))
+            result.append(StepOutput(request_id, len(o.outputs[0].token_ids), o.finished))
         return result
 
     def has_work(self) -> bool:
@@ -214,8 +315,6 @@ class VLLMAdapter(Adapter):
 
 
 def vllm_available() -> bool:
-    import importlib.util
-
     return importlib.util.find_spec("vllm") is not None
 
 
@@ -265,7 +364,9 @@ def replay(adapter: Adapter, workload: list[Request]) -> tuple[list[RequestMetri
     return list(records.values()), end - start
 
 
-def mixed_figures(requests: list[RequestMetrics], steps: list[StepMetrics], duration: float, slo: figures.SLO) -> dict[str, Any]:
+def mixed_figures(
+    requests: list[RequestMetrics], steps: list[StepMetrics], duration: float, slo: figures.SLO
+) -> dict[str, Any]:
     out: dict[str, Any] = figures.summarize(requests, steps, duration, slo)
     short = [m for m in requests if m.num_prompt_tokens <= 2048]
     out["stall_p99_short_seconds"] = figures.stalls_seconds(short, 99)
@@ -276,7 +377,13 @@ def mixed_figures(requests: list[RequestMetrics], steps: list[StepMetrics], dura
     out["gaps_during_long_prefill"] = float(len(during))
     out["by_prompt_bucket"] = figures.by_prompt_bucket(requests)
     if not steps:  # vLLM: no block-level records here
-        for key in ("memory_peak_bytes", "memory_mean_bytes", "memory_peak_over_mean", "kv_fragmentation_mean", "kv_fragmentation_max"):
+        for key in (
+            "memory_peak_bytes",
+            "memory_mean_bytes",
+            "memory_peak_over_mean",
+            "kv_fragmentation_mean",
+            "kv_fragmentation_max",
+        ):
             out[key] = None
     return out
 
@@ -301,7 +408,9 @@ def offline(make: Callable[[], Adapter], num_requests: int, vocab: int, bos: int
     rng = random.Random(seed)
     replay(adapter, [Request("warm", 0.0, [bos, 5, 6, 7], 4)])
     work = [
-        Request(f"o{i}", 0.0, [bos] + [rng.randrange(3, vocab) for _ in range(rng.randint(128, 384))], rng.randint(64, 192))
+        Request(
+            f"o{i}", 0.0, [bos] + [rng.randrange(3, vocab) for _ in range(rng.randint(128, 384))], rng.randint(64, 192)
+        )
         for i in range(num_requests)
     ]
     records, duration = replay(adapter, work)
@@ -345,32 +454,71 @@ def print_mixed(results: dict[str, dict[str, Any]], slo: figures.SLO) -> None:
             f"{_ms(f['prefill_wait_mean_seconds']) + '/' + _ms(f['prefill_wait_p99_seconds']):>17}"
             f"{_num(f['preemptions'], '{:.0f}'):>8}"
         )
-    print(f"(ms unless noted; stall = P99 over short requests of each one's largest gap; goodput = req/s with "
-          f"TTFT <= {slo.ttft_seconds}s and TPOT <= {slo.tpot_seconds}s; mem = peak / time-weighted mean)")
+    print(
+        f"(ms unless noted; stall = P99 over short requests of each one's largest gap; goodput = req/s with "
+        f"TTFT <= {slo.ttft_seconds}s and TPOT <= {slo.tpot_seconds}s; mem = peak / time-weighted mean)"
+    )
 
 
 def _child_argv(args: argparse.Namespace, json_path: str) -> list[str]:
     """The same benchmark, vLLM only, in a fresh process."""
     argv = [sys.executable, "-m", "workers", "bench", "--only-vllm", "--json", json_path]
-    for name in ("model", "seed", "duration", "rate", "long_fraction", "long_tokens", "budgets", "long_prompt",
-                 "repeats", "offline_requests", "block_size", "max_num_seqs", "max_model_len", "slo_ttft",
-                 "slo_tpot", "vllm_budgets", "scenarios"):
+    for name in (
+        "model",
+        "seed",
+        "duration",
+        "rate",
+        "long_fraction",
+        "long_tokens",
+        "budgets",
+        "long_prompt",
+        "repeats",
+        "offline_requests",
+        "block_size",
+        "max_num_seqs",
+        "max_model_len",
+        "slo_ttft",
+        "slo_tpot",
+        "vllm_budgets",
+        "scenarios",
+    ):
         argv += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     return argv
 
 
+@contextlib.contextmanager
+def cpu_hogs(num: int) -> Iterator[None]:
+    """``num`` processes that spin for as long as the block runs: contention
+    like a loaded machine's, held steady across every configuration (the
+    vLLM child included), so the configurations are compared under one load."""
+    # Each spins until its parent is gone, so a bench killed outright leaves none behind.
+    spin = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    pass\n"
+    procs = [subprocess.Popen([sys.executable, "-c", spin], stdin=subprocess.DEVNULL) for _ in range(num)]
+    try:
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+        for proc in procs:
+            proc.wait()
+
+
 def main(args: argparse.Namespace) -> int:
+    if args.only_vllm or not args.cpu_hog:
+        return _run(args)
+    print(f"{args.cpu_hog} CPU hog process(es) running beside the bench", flush=True)
+    with cpu_hogs(args.cpu_hog):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.quick:
         args.duration, args.long_tokens, args.long_prompt = 8.0, "2500-4000", 4096
         args.offline_requests, args.repeats = 16, 1
         args.quick = False  # the child gets the expanded values
     scenarios = set(args.scenarios.split(","))
-    from workers.engine.tiny import ensure_tiny_model
-
     if args.model == DEFAULT_MODEL:
         ensure_tiny_model(args.model)
-    from workers.engine.config import ModelConfig
-
     config = ModelConfig.from_pretrained(args.model)
     vocab, bos = config.vocab_size, config.bos_token_id or 0
     max_len = min(args.max_model_len, config.max_position_embeddings)
@@ -380,11 +528,18 @@ def main(args: argparse.Namespace) -> int:
     slo = figures.SLO(args.slo_ttft, args.slo_tpot)
     only_vllm = args.only_vllm
     use_vllm = only_vllm or args.vllm == "on" or (args.vllm == "auto" and vllm_available())
+    if use_vllm and not only_vllm and (args.workload or args.profile):
+        print("--workload/--profile run our engine only; vLLM is skipped", flush=True)
+        use_vllm = False
     kv_bytes = 1 << 30
     base = dict(block_size=args.block_size, max_num_seqs=args.max_num_seqs, kv_cache_bytes=kv_bytes)
-    configs: dict[str, dict[str, Any]] = {"monolithic": dict(base, prefill_mode="monolithic", max_num_batched_tokens=max_len)}
+    configs: dict[str, dict[str, Any]] = {
+        "monolithic": dict(base, prefill_mode="monolithic", max_num_batched_tokens=max_len)
+    }
     for b in budgets:
         configs[f"chunked-{b}"] = dict(base, prefill_mode="chunked", max_num_batched_tokens=b)
+    if args.profile:
+        configs = {"profile": json.loads(args.profile)}  # as `workers serve --profile` takes it
     vllm_configs: dict[str, dict[str, Any]] = {}
     if use_vllm:
         vllm_configs["vllm monolithic"] = configs["monolithic"]
@@ -402,19 +557,45 @@ def main(args: argparse.Namespace) -> int:
     runs = vllm_configs if only_vllm else configs
     report: dict[str, Any] = {"mixed": {}, "long_alone_seconds": {}, "offline": {}}
     if not only_vllm:
-        print(f"model {args.model} ({config.num_hidden_layers} layers, hidden {config.hidden_size}), seed {args.seed}, "
-              f"torch threads {__import__('torch').get_num_threads()}, block size {args.block_size}", flush=True)
+        print(
+            f"model {args.model} ({config.num_hidden_layers} layers, hidden {config.hidden_size}), seed {args.seed}, "
+            f"torch threads {torch.get_num_threads()}, block size {args.block_size}",
+            flush=True,
+        )
     else:
         prepare_vllm_environment()
 
-    workload = mixed_workload(args.seed, args.duration, args.rate, args.long_fraction, (lo, hi), vocab, bos)
+    warmup: list[Request] = []
+    if args.workload is not None:
+
+        def draw(seed: int, seconds: float, profile: dict[str, Any]) -> list[Request]:
+            return captured_workload(
+                args.workload,
+                args.model,
+                seed,
+                seconds,
+                args.rate_scale,
+                int(profile.get("block_size") or EngineProfile().block_size),
+                max_len,
+            )
+
+        workload = draw(args.seed, args.duration, next(iter(runs.values()), {}))
+        if args.warmup > 0:
+            warmup = draw(WARMUP_SEED, args.warmup, next(iter(runs.values()), {}))
+    else:
+        workload = mixed_workload(args.seed, args.duration, args.rate, args.long_fraction, (lo, hi), vocab, bos)
     if "mixed" in scenarios:
         if not only_vllm:
-            print(f"\n== mixed: {len(workload)} requests over {args.duration:.0f}s ({sum(r.is_long for r in workload)} long, "
-                  f"{sum(len(r.prompt_token_ids) for r in workload)} prompt tokens), replayed in real time ==", flush=True)
+            source = f"workload {args.workload}" if args.workload else "mixed"
+            print(
+                f"\n== {source}: {len(workload)} requests over {args.duration:.0f}s "
+                f"({sum(r.is_long for r in workload)} long, "
+                f"{sum(len(r.prompt_token_ids) for r in workload)} prompt tokens), replayed in real time ==",
+                flush=True,
+            )
         for label, profile in runs.items():
             adapter = make(label, profile)()
-            replay(adapter, [Request("warm", 0.0, [bos, 5, 6, 7], 4)])
+            replay(adapter, warmup or [Request("warm", 0.0, [bos, 5, 6, 7], 4)])
             adapter.steps.clear()
             requests, duration = replay(adapter, workload)
             adapter.close()
@@ -423,22 +604,25 @@ def main(args: argparse.Namespace) -> int:
     if "long-alone" in scenarios:
         n = min(args.long_prompt, max_len - 2)
         for label, profile in runs.items():
-            report["long_alone_seconds"][label] = long_alone(make(label, profile), n, args.repeats, vocab, bos, args.seed)
+            report["long_alone_seconds"][label] = long_alone(
+                make(label, profile), n, args.repeats, vocab, bos, args.seed
+            )
             print(f"  long-alone {label}: {report['long_alone_seconds'][label]:.2f}s", file=sys.stderr, flush=True)
     if "offline" in scenarios:
         for label, profile in runs.items():
             if label.startswith("chunked") and label != "chunked-512":
                 continue
             report["offline"][label] = offline(make(label, profile), args.offline_requests, vocab, bos, args.seed)
-            print(f"  offline {label}: {report['offline'][label]['output_throughput_tps']:.0f} tok/s", file=sys.stderr, flush=True)
+            print(
+                f"  offline {label}: {report['offline'][label]['output_throughput_tps']:.0f} tok/s",
+                file=sys.stderr,
+                flush=True,
+            )
 
     if only_vllm:
         Path(args.json).write_text(json.dumps(report, default=str))
         return 0
     if use_vllm:
-        import subprocess
-        import tempfile
-
         with tempfile.TemporaryDirectory() as tmp:
             path = str(Path(tmp) / "vllm.json")
             done = subprocess.run(_child_argv(args, path), check=False)
@@ -472,14 +656,20 @@ def compute_ratios(report: dict[str, Any]) -> dict[str, float | None]:
             continue
         for label, f in mixed.items():
             if label.startswith(f"{prefix}chunked"):
-                ratios[f"stall_reduction {label}"] = _ratio(mono["stall_p99_short_seconds"], f["stall_p99_short_seconds"])
+                ratios[f"stall_reduction {label}"] = _ratio(
+                    mono["stall_p99_short_seconds"], f["stall_p99_short_seconds"]
+                )
                 ratios[f"gap_during_long_reduction {label}"] = _ratio(
                     mono["gap_during_long_prefill_p99_seconds"], f["gap_during_long_prefill_p99_seconds"]
                 )
-                ratios[f"throughput_vs_monolithic {label}"] = _ratio(f["output_throughput_tps"], mono["output_throughput_tps"])
+                ratios[f"throughput_vs_monolithic {label}"] = _ratio(
+                    f["output_throughput_tps"], mono["output_throughput_tps"]
+                )
     for label, f in mixed.items():
         if not label.startswith("vllm") and f"vllm {label}" in mixed:
-            ratios[f"mixed_throughput_ours_over_vllm {label}"] = _ratio(f["output_throughput_tps"], mixed[f"vllm {label}"]["output_throughput_tps"])
+            ratios[f"mixed_throughput_ours_over_vllm {label}"] = _ratio(
+                f["output_throughput_tps"], mixed[f"vllm {label}"]["output_throughput_tps"]
+            )
     alone = report["long_alone_seconds"]
     for label, seconds in alone.items():
         base = "vllm monolithic" if label.startswith("vllm") else "monolithic"
@@ -488,7 +678,9 @@ def compute_ratios(report: dict[str, Any]) -> dict[str, float | None]:
     off = report["offline"]
     for label, f in off.items():
         if not label.startswith("vllm") and f"vllm {label}" in off:
-            ratios[f"offline_throughput_ours_over_vllm {label}"] = _ratio(f["output_throughput_tps"], off[f"vllm {label}"]["output_throughput_tps"])
+            ratios[f"offline_throughput_ours_over_vllm {label}"] = _ratio(
+                f["output_throughput_tps"], off[f"vllm {label}"]["output_throughput_tps"]
+            )
     return ratios
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -37,19 +38,40 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from workers.loadgen import WORDS, Client, PlannedRequest, RequestRecord, plan, replay, summarize
+import httpx
+import uvicorn
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
-DEFAULT_PROFILE = {"prefill_mode": "chunked", "max_num_batched_tokens": 512, "max_num_seqs": 64, "block_size": 32,
-                   "kv_cache_bytes": 256 << 20}
+from workers import engines
+from workers.engines.api import EngineSpec, SamplingParams
+from workers.loadgen import WORDS, Client, PlannedRequest, RequestRecord, plan, replay, summarize
+from workers.profile import EngineProfile
+from workers.server.app import build_app
+from workers.server.host import EngineHost, RunningProfile
+from workers.server.metrics import MetricsExporter
+
+DEFAULT_PROFILE = {
+    "prefill_mode": "chunked",
+    "max_num_batched_tokens": 512,
+    "max_num_seqs": 64,
+    "block_size": 32,
+    "kv_cache_bytes": 256 << 20,
+}
 QUIET_ENV = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
 SLOS = {"ttft": 1000.0, "tpot": 100.0}
 
 
-def saturating_workload(num_requests: int, min_words: int, max_words: int, output_tokens: int, seed: int) -> list[PlannedRequest]:
+def saturating_workload(
+    num_requests: int, min_words: int, max_words: int, output_tokens: int, seed: int
+) -> list[PlannedRequest]:
     rng = random.Random(seed)
     return [
         PlannedRequest(
-            0.0, "completions", output_tokens,
+            0.0,
+            "completions",
+            output_tokens,
             " ".join(rng.choice(WORDS) for _ in range(rng.randint(min_words, max_words))),
         )
         for _ in range(num_requests)
@@ -68,7 +90,6 @@ def _workloads(args: argparse.Namespace) -> tuple[list[PlannedRequest], list[Pla
 
 async def replay_in_process(engine: Any, workload: list[PlannedRequest], tag: str) -> dict[str, Any]:
     """Every request at once on the engine itself; timed as the loadgen times HTTP."""
-    from workers.engine_api import SamplingParams
 
     async def one(i: int, req: PlannedRequest, run_start: float) -> RequestRecord:
         params = SamplingParams(max_tokens=req.max_tokens, temperature=0.0, ignore_eos=True)
@@ -103,26 +124,18 @@ async def replay_in_process(engine: Any, workload: list[PlannedRequest], tag: st
 
 def _serve_child(args: argparse.Namespace) -> int:
     """The worker with the benchmark's in-process route."""
-    import contextlib
-
-    import uvicorn
-    from starlette.requests import Request
-    from starlette.responses import JSONResponse
-    from starlette.routing import Route
-
-    from workers.profile import EngineProfile
-    from workers.server import engines
-    from workers.server.app import build_app
-    from workers.server.host import EngineHost, RunningProfile
-    from workers.server.metrics import MetricsExporter
-
-    spec = engines.EngineSpec(kind=args.serve_child, model=args.model, device=args.device,
-                              max_model_len=args.max_model_len, dtype=args.dtype)
+    spec = EngineSpec(
+        kind=args.serve_child, model=args.model, device=args.device, max_model_len=args.max_model_len, dtype=args.dtype
+    )
     profile = EngineProfile.from_dict(json.loads(args.profile))
     backend = engines.backend(spec.kind)
     exporter = MetricsExporter(model_name=spec.model_name, max_model_len=args.max_model_len)
-    host = EngineHost(lambda p: backend.build(spec, p), RunningProfile(profile), max_queue=10 * args.num_requests,
-                      on_engine=lambda engine, running: exporter.attach(engine))
+    host = EngineHost(
+        lambda p: backend.build(spec, p),
+        RunningProfile(profile),
+        max_queue=10 * args.num_requests,
+        on_engine=lambda engine, running: exporter.attach(engine),
+    )
     counter = iter(range(1 << 30))
 
     async def in_process(request: Request) -> JSONResponse:
@@ -159,8 +172,6 @@ def _free_port() -> int:
 
 
 def _wait_ready(url: str, proc: subprocess.Popen[bytes], log_path: Path, timeout: float = 300.0) -> None:
-    import httpx
-
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -175,8 +186,6 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], log_path: Path, timeout
 
 
 async def _drive(url: str, args: argparse.Namespace) -> dict[str, Any]:
-    import httpx
-
     warm, measured = _workloads(args)
     client = Client(url, model=None, api_key=None)
     async with httpx.AsyncClient(base_url=url, timeout=None) as control:
@@ -191,6 +200,7 @@ async def _drive(url: str, args: argparse.Namespace) -> dict[str, Any]:
             await in_process(warm)
             await replay(client, warm)
             out: dict[str, Any] = {"in_process": {"runs": []}, "http_saturating": {"runs": []}}
+
             async def server_cpu() -> float:
                 return float((await control.get("/_bench/cpu")).json()["cpu_seconds"])
 
@@ -199,16 +209,28 @@ async def _drive(url: str, args: argparse.Namespace) -> dict[str, Any]:
                 server_before, client_before = await server_cpu(), time.process_time()
                 records, wall = await replay(client, measured)
                 client_cpu = time.process_time() - client_before
-                out["http_saturating"]["runs"].append({
-                    "records": [asdict(r) for r in records], "wall_seconds": wall,
-                    "server_cpu_seconds": await server_cpu() - server_before, "client_cpu_seconds": client_cpu,
-                })
+                out["http_saturating"]["runs"].append(
+                    {
+                        "records": [asdict(r) for r in records],
+                        "wall_seconds": wall,
+                        "server_cpu_seconds": await server_cpu() - server_before,
+                        "client_cpu_seconds": client_cpu,
+                    }
+                )
             if args.scenario:
                 tokens_per_word = await client.calibrate()
-                planned = plan(args.scenario, duration_seconds=args.duration, rate=args.rate, seed=args.seed,
-                               tokens_per_word=tokens_per_word, max_model_len=max_model_len)
+                planned = plan(
+                    args.scenario,
+                    duration_seconds=args.duration,
+                    rate=args.rate,
+                    seed=args.seed,
+                    tokens_per_word=tokens_per_word,
+                    max_model_len=max_model_len,
+                )
                 records, wall = await replay(client, planned)
-                out[f"http_{args.scenario}"] = {"runs": [{"records": [asdict(r) for r in records], "wall_seconds": wall}]}
+                out[f"http_{args.scenario}"] = {
+                    "runs": [{"records": [asdict(r) for r in records], "wall_seconds": wall}]
+                }
             return out
         finally:
             await client.close()
@@ -219,9 +241,28 @@ def _run_engine(engine: str, args: argparse.Namespace, workdir: Path) -> dict[st
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     log_path = workdir / f"worker-{engine}.log"
-    argv = [sys.executable, "-m", "workers", "bench-serve", "--serve-child", engine, "--port", str(port),
-            "--model", args.model, "--device", args.device, "--dtype", args.dtype, "--profile", args.profile,
-            "--max-model-len", str(args.max_model_len), "--num-requests", str(args.num_requests)]
+    argv = [
+        sys.executable,
+        "-m",
+        "workers",
+        "bench-serve",
+        "--serve-child",
+        engine,
+        "--port",
+        str(port),
+        "--model",
+        args.model,
+        "--device",
+        args.device,
+        "--dtype",
+        args.dtype,
+        "--profile",
+        args.profile,
+        "--max-model-len",
+        str(args.max_model_len),
+        "--num-requests",
+        str(args.num_requests),
+    ]
     print(f"[{engine}] starting the worker ...", file=sys.stderr, flush=True)
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -258,23 +299,31 @@ def report(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
         for path, data in paths.items():
             summaries = _summaries(data)
             best = max(summaries, key=lambda s: s["output_throughput"])
-            rows.append({
-                "engine": engine,
-                "path": "saturating" if path in ("in_process", "http_saturating") else path.removeprefix("http_"),
-                "transport": "in-process" if path == "in_process" else "http",
-                "requests": best["successful_requests"], "failed": best["failed_requests"],
-                "output_tokens": best["total_output_tokens"], "seconds": best["duration_seconds"],
-                "output_tok_s": best["output_throughput"], "ttft_p99_ms": best["ttft_ms"]["p99"],
-                "itl_p99_ms": best["itl_ms"]["p99"], "max_gap_p99_ms": best["max_gap_ms"]["p99"],
-                "ttft_p50_ms": best["ttft_ms"]["p50"], "itl_p50_ms": best["itl_ms"]["p50"],
-                "all_output_tok_s": [s["output_throughput"] for s in summaries],
-            })
+            rows.append(
+                {
+                    "engine": engine,
+                    "path": "saturating" if path in ("in_process", "http_saturating") else path.removeprefix("http_"),
+                    "transport": "in-process" if path == "in_process" else "http",
+                    "requests": best["successful_requests"],
+                    "failed": best["failed_requests"],
+                    "output_tokens": best["total_output_tokens"],
+                    "seconds": best["duration_seconds"],
+                    "output_tok_s": best["output_throughput"],
+                    "ttft_p99_ms": best["ttft_ms"]["p99"],
+                    "itl_p99_ms": best["itl_ms"]["p99"],
+                    "max_gap_p99_ms": best["max_gap_ms"]["p99"],
+                    "ttft_p50_ms": best["ttft_ms"]["p50"],
+                    "itl_p50_ms": best["itl_ms"]["p50"],
+                    "all_output_tok_s": [s["output_throughput"] for s in summaries],
+                }
+            )
         local = [s["output_throughput"] for s in _summaries(paths["in_process"])]
         http = [s["output_throughput"] for s in _summaries(paths["http_saturating"])]
         paired[engine] = [h / i for h, i in zip(http, local, strict=False) if i]
         cpu_cost[engine] = {
             path: statistics.mean(
-                1000 * (run.get("server_cpu_seconds", 0.0) + run.get("client_cpu_seconds", 0.0))
+                1000
+                * (run.get("server_cpu_seconds", 0.0) + run.get("client_cpu_seconds", 0.0))
                 / max(1, sum(r["output_tokens"] for r in run["records"]))
                 for run in paths[path]["runs"]
             )
@@ -286,10 +335,14 @@ def report(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
         if values:
             ratios[f"{engine}: http / in-process tok/s (median of pairs)"] = statistics.median(values)
         cost = cpu_cost[engine]
-        ratios[f"{engine}: CPU-s per 1K tokens, in-process / http"] = _ratio(cost["in_process"], cost["http_saturating"])
+        ratios[f"{engine}: CPU-s per 1K tokens, in-process / http"] = _ratio(
+            cost["in_process"], cost["http_saturating"]
+        )
         http_row, local_row = by.get((engine, "saturating", "http")), by.get((engine, "saturating", "in-process"))
         if http_row and local_row:
-            ratios[f"{engine}: http / in-process tok/s (best runs)"] = _ratio(http_row["output_tok_s"], local_row["output_tok_s"])
+            ratios[f"{engine}: http / in-process tok/s (best runs)"] = _ratio(
+                http_row["output_tok_s"], local_row["output_tok_s"]
+            )
     if "vllm" in results and "reference" in results:
         for path in sorted({r["path"] for r in rows if r["transport"] == "http"}):
             v, ref = by.get(("vllm", path, "http")), by.get(("reference", path, "http"))
@@ -297,15 +350,22 @@ def report(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
                 ratios[f"{path} over http: reference / vllm tok/s"] = _ratio(ref["output_tok_s"], v["output_tok_s"])
                 ratios[f"{path} over http: reference / vllm TTFT P99"] = _ratio(ref["ttft_p99_ms"], v["ttft_p99_ms"])
                 ratios[f"{path} over http: reference / vllm ITL P99"] = _ratio(ref["itl_p99_ms"], v["itl_p99_ms"])
-    return {"rows": rows, "ratios": ratios, "paired_http_over_in_process": paired, "cpu_seconds_per_1k_tokens": cpu_cost}
+    return {
+        "rows": rows,
+        "ratios": ratios,
+        "paired_http_over_in_process": paired,
+        "cpu_seconds_per_1k_tokens": cpu_cost,
+    }
 
 
 def format_report(rep: dict[str, Any]) -> str:
     def f(value: Any, spec: str = ".1f") -> str:
         return "n/a" if value is None else format(value, spec)
 
-    header = (f"{'engine':<10}{'run':<12}{'via':<11}{'ok':>4}{'fail':>5}{'out tok':>9}{'s':>7}{'tok/s':>9}"
-              f"{'TTFT p99':>10}{'ITL p99':>9}{'gap p99':>9}   all runs tok/s")
+    header = (
+        f"{'engine':<10}{'run':<12}{'via':<11}{'ok':>4}{'fail':>5}{'out tok':>9}{'s':>7}{'tok/s':>9}"
+        f"{'TTFT p99':>10}{'ITL p99':>9}{'gap p99':>9}   all runs tok/s"
+    )
     lines = [header, "-" * len(header)]
     for r in rep["rows"]:
         lines.append(

@@ -25,13 +25,16 @@ from workers.profile import ENGINE_KINDS
 
 CONTRACT_VERSION = 1
 
+MAX_URL_LENGTH = 300  # the control plane's Worker.url
+
 REGISTER_PATH = "/api/v1/agent/register/"
 HEARTBEAT_PATH = "/api/v1/agent/heartbeat/"
 
-# States an agent reports. The control plane adds its own: unhealthy and
+# States an agent reports; "unhealthy" comes with ``health_error`` (its
+# engine stopped serving). The control plane adds its own: unhealthy and
 # offline (missed heartbeats) and registering (enrolled, no heartbeat yet).
-AgentState = Literal["ready", "draining", "applying", "loading"]
-AGENT_STATES: tuple[str, ...] = ("ready", "draining", "applying", "loading")
+AgentState = Literal["ready", "draining", "applying", "loading", "unhealthy"]
+AGENT_STATES: tuple[str, ...] = ("ready", "draining", "applying", "loading", "unhealthy")
 
 
 class ContractError(ValueError):
@@ -89,6 +92,8 @@ class HeartbeatRequest(TypedDict):
     running_profile: dict[str, Any]  # what the engine runs now, in full
     hardware: Hardware
     apply_error: str | None  # why the last apply failed, if it did
+    url: str | None  # where the worker listens now (it may have restarted on another port); None: unchanged
+    health_error: str | None  # why the engine cannot serve (state "unhealthy")
 
 
 class HeartbeatReply(TypedDict):
@@ -166,10 +171,15 @@ def parse_heartbeat(data: Any) -> HeartbeatRequest:
             "running_profile": (dict, False),
             "hardware": (dict, False),
             "apply_error": ((str, type(None)), False),
+            "url": ((str, type(None)), False),
+            "health_error": ((str, type(None)), False),
         },
     )
     if not errors and data["state"] not in AGENT_STATES:
         errors["state"] = [f"must be one of {', '.join(AGENT_STATES)}."]
+    url = data.get("url") if not errors else None
+    if url is not None and (not url.startswith(("http://", "https://")) or len(url) > MAX_URL_LENGTH):
+        errors["url"] = [f"must be an http(s) URL of at most {MAX_URL_LENGTH} characters."]
     if errors:
         raise ContractError(errors)
     return HeartbeatRequest(
@@ -180,4 +190,6 @@ def parse_heartbeat(data: Any) -> HeartbeatRequest:
         running_profile=data.get("running_profile", {}),
         hardware=data.get("hardware", {}),
         apply_error=data.get("apply_error"),
+        url=url.rstrip("/") if url else None,
+        health_error=data.get("health_error"),
     )

@@ -1,4 +1,4 @@
-"""DESIGN.md's figures from the records engines produce.
+"""The figures ("Metrics" in docs/architecture.md) from the records engines produce.
 
 Pure functions over ``RequestMetrics`` and ``StepMetrics`` (no torch, no
 Django), shared by the benchmark, the load generator and the worker server.
@@ -18,9 +18,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from workers.engine_api import RequestMetrics, StepMetrics
+from workers.engines.api import RequestMetrics, StepMetrics
 
-# DESIGN.md's prompt-length buckets, by their upper bound in tokens.
+# The prompt-length buckets every latency figure is also given for, by their upper bound in tokens.
 PROMPT_BUCKETS: tuple[tuple[str, float], ...] = (
     ("<=512", 512),
     ("<=2K", 2048),
@@ -28,6 +28,10 @@ PROMPT_BUCKETS: tuple[tuple[str, float], ...] = (
     ("<=32K", 32768),
     (">32K", math.inf),
 )
+
+# A prefill of more than this many tokens (left to compute after its prefix-cache
+# hit) is long: the exporter splits decode gaps by whether one ran during them.
+LONG_PREFILL_TOKENS = 1024
 
 
 # ---- basics ------------------------------------------------------------------
@@ -109,7 +113,7 @@ def goodput(requests: Sequence[RequestMetrics], slo: SLO, duration_seconds: floa
 
 
 def stalls_seconds(requests: Sequence[RequestMetrics], q: float = 99) -> float | None:
-    """DESIGN.md's stall figure: the q-th percentile over requests of each one's largest gap."""
+    """The stall figure: the q-th percentile over requests of each one's largest gap."""
     return percentile((g for m in requests if (g := max_gap_seconds(m)) is not None), q)
 
 
@@ -164,7 +168,11 @@ def memory_figures(steps: Sequence[StepMetrics]) -> dict[str, float | None]:
     peak = max(s.peak_memory_bytes for s in steps)
     area, total = _held(steps, lambda s: s.memory_bytes)
     avg = area / total if total > 0 else float(steps[-1].memory_bytes)
-    return {"memory_peak_bytes": float(peak), "memory_mean_bytes": avg, "memory_peak_over_mean": peak / avg if avg else None}
+    return {
+        "memory_peak_bytes": float(peak),
+        "memory_mean_bytes": avg,
+        "memory_peak_over_mean": peak / avg if avg else None,
+    }
 
 
 def fragmentation_figures(steps: Sequence[StepMetrics]) -> dict[str, float | None]:
@@ -200,7 +208,7 @@ def summarize(
     duration_seconds: float,
     slo: SLO,
 ) -> dict[str, float | None]:
-    """Every DESIGN.md figure for one window, keyed by name (seconds, bytes, ratios)."""
+    """Every figure for one window, keyed by name (seconds, bytes, ratios)."""
     ttfts = [v for m in requests if (v := ttft_seconds(m)) is not None]
     gaps = [g for m in requests for g in token_gaps(m)]
     tpots = [v for m in requests if (v := tpot_seconds(m)) is not None]
@@ -214,14 +222,19 @@ def summarize(
         "requests": float(len(requests)),
         "duration_seconds": duration_seconds,
         "ttft_p50_seconds": percentile(ttfts, 50),
+        "ttft_p95_seconds": percentile(ttfts, 95),
         "ttft_p99_seconds": percentile(ttfts, 99),
         "itl_p50_seconds": percentile(gaps, 50),
+        "itl_p95_seconds": percentile(gaps, 95),
         "itl_p99_seconds": percentile(gaps, 99),
+        "stall_p95_seconds": stalls_seconds(requests, 95),
         "stall_p99_seconds": stalls_seconds(requests, 99),
         "stall_max_seconds": stalls_seconds(requests, 100),
         "tpot_p50_seconds": percentile(tpots, 50),
+        "tpot_p95_seconds": percentile(tpots, 95),
         "tpot_p99_seconds": percentile(tpots, 99),
         "queue_p50_seconds": percentile(queues, 50),
+        "queue_p95_seconds": percentile(queues, 95),
         "queue_p99_seconds": percentile(queues, 99),
         "output_tokens": float(output_tokens),
         "prompt_tokens": float(prompt_tokens),
@@ -249,6 +262,7 @@ def by_prompt_bucket(requests: Sequence[RequestMetrics]) -> dict[str, dict[str, 
             out[name] = {
                 "requests": float(len(rs)),
                 "ttft_p50_seconds": percentile([v for m in rs if (v := ttft_seconds(m)) is not None], 50),
+                "ttft_p95_seconds": percentile([v for m in rs if (v := ttft_seconds(m)) is not None], 95),
                 "ttft_p99_seconds": percentile([v for m in rs if (v := ttft_seconds(m)) is not None], 99),
                 "stall_p99_seconds": stalls_seconds(rs, 99),
                 "tpot_p50_seconds": percentile([v for m in rs if (v := tpot_seconds(m)) is not None], 50),

@@ -19,8 +19,8 @@ their planned length (``ignore_eos``, a vLLM extension both engines take).
 
 Per request the client records, from its own clock: TTFT (send → first
 content chunk), ITL (between content chunks), TPOT ((latency − TTFT) /
-(output tokens − 1)), its largest gap between chunks (the stall figure of
-DESIGN.md) and whether it failed before or after its first byte. The summary
+(output tokens − 1)), its largest gap between chunks (the stall figure;
+"Metrics" in docs/architecture.md) and whether it failed before or after its first byte. The summary
 follows ``vllm bench serve``: counts, throughput, mean/P50/P99 per figure,
 and goodput at the SLOs of ``--goodput``.
 """
@@ -77,6 +77,8 @@ class PlannedRequest:
     conversation: int | None = None  # chat: index of its conversation
     session_key: str | None = None
     target_prompt_tokens: int = 0
+    # completions: token ids sent instead of ``prompt`` (replay's exact lengths)
+    prompt_token_ids: list[int] | None = None
 
 
 @dataclass
@@ -160,9 +162,14 @@ def plan(
             max_tokens = rng.randint(16, 256)
             tokens = fit(_long_tail_prompt_tokens(rng), max_tokens)
             planned.append(
-                PlannedRequest(t, "completions", max_tokens, _words(rng, words_for(tokens)),
-                               session_key=key(rng.randrange(1 << 30)) if sticky_keys else None,
-                               target_prompt_tokens=tokens)
+                PlannedRequest(
+                    t,
+                    "completions",
+                    max_tokens,
+                    _words(rng, words_for(tokens)),
+                    session_key=key(rng.randrange(1 << 30)) if sticky_keys else None,
+                    target_prompt_tokens=tokens,
+                )
             )
     elif scenario == "burst":
         per_burst = max(1, round(rate * burst_period_seconds))
@@ -172,9 +179,14 @@ def plan(
                 max_tokens = rng.randint(32, 128)
                 tokens = fit(rng.randint(100, 400), max_tokens)
                 planned.append(
-                    PlannedRequest(t, "completions", max_tokens, _words(rng, words_for(tokens)),
-                                   session_key=key(rng.randrange(1 << 30)) if sticky_keys else None,
-                                   target_prompt_tokens=tokens)
+                    PlannedRequest(
+                        t,
+                        "completions",
+                        max_tokens,
+                        _words(rng, words_for(tokens)),
+                        session_key=key(rng.randrange(1 << 30)) if sticky_keys else None,
+                        target_prompt_tokens=tokens,
+                    )
                 )
             t += burst_period_seconds
     else:  # chat
@@ -184,8 +196,13 @@ def plan(
             c = rng.randrange(conversations)
             planned.append(
                 PlannedRequest(
-                    t, "chat", rng.randint(32, 128), prompt=system, user_turn=_words(rng, words_for(rng.randint(20, 80))),
-                    conversation=c, session_key=f"key-{c}" if sticky_keys else None,
+                    t,
+                    "chat",
+                    rng.randint(32, 128),
+                    prompt=system,
+                    user_turn=_words(rng, words_for(rng.randint(20, 80))),
+                    conversation=c,
+                    session_key=f"key-{c}" if sticky_keys else None,
                 )
             )
     return planned
@@ -220,7 +237,15 @@ class Client:
     measures.
     """
 
-    def __init__(self, url: str, *, model: str | None, api_key: str | None, ignore_eos: bool = True, timeout_seconds: float = 600.0):
+    def __init__(
+        self,
+        url: str,
+        *,
+        model: str | None,
+        api_key: str | None,
+        ignore_eos: bool = True,
+        timeout_seconds: float = 600.0,
+    ):
         self.url = url.rstrip("/")
         self.model = model
         self.ignore_eos = ignore_eos
@@ -268,6 +293,8 @@ class Client:
         if req.endpoint == "chat":
             history = self.histories.setdefault(req.conversation or 0, [{"role": "system", "content": req.prompt}])
             body["messages"] = [*history, {"role": "user", "content": req.user_turn}]
+        elif req.prompt_token_ids is not None:
+            body["prompt"] = req.prompt_token_ids
         else:
             body["prompt"] = req.prompt
         return body
@@ -275,8 +302,10 @@ class Client:
     async def send(self, req: PlannedRequest, run_start: float) -> RequestRecord:
         path = "/v1/chat/completions" if req.endpoint == "chat" else "/v1/completions"
         record = RequestRecord(
-            start_seconds=time.perf_counter() - run_start, endpoint=req.endpoint,
-            session_key=req.session_key, target_prompt_tokens=req.target_prompt_tokens,
+            start_seconds=time.perf_counter() - run_start,
+            endpoint=req.endpoint,
+            session_key=req.session_key,
+            target_prompt_tokens=req.target_prompt_tokens,
         )
         headers = {SESSION_HEADER: req.session_key} if req.session_key else {}
         body = self._body(req)
@@ -319,7 +348,10 @@ class Client:
         record.success = record.error is None and record.finish_reason not in (None, "abort")
         if record.success and req.endpoint == "chat":
             history = self.histories[req.conversation or 0]
-            history += [{"role": "user", "content": req.user_turn}, {"role": "assistant", "content": "".join(text_parts)}]
+            history += [
+                {"role": "user", "content": req.user_turn},
+                {"role": "assistant", "content": "".join(text_parts)},
+            ]
         if record.itl_seconds:
             record.max_gap_seconds = max(record.itl_seconds)
         if record.ttft_seconds is not None and record.output_tokens > 1:
@@ -365,7 +397,7 @@ def parse_slos(items: list[str] | None) -> dict[str, float]:
 
 def _stats_ms(values: list[float]) -> dict[str, float | None]:
     ms = [v * 1000 for v in values]
-    return {"mean": mean(ms), "p50": percentile(ms, 50), "p99": percentile(ms, 99)}
+    return {"mean": mean(ms), "p50": percentile(ms, 50), "p95": percentile(ms, 95), "p99": percentile(ms, 99)}
 
 
 def meets_slos(record: RequestRecord, slos: dict[str, float]) -> bool:
@@ -405,6 +437,7 @@ def summarize(records: list[RequestRecord], duration_seconds: float, slos: dict[
         "total_token_throughput": (input_tokens + output_tokens) / duration_seconds if duration_seconds else 0.0,
         "slos_ms": slos,
         "goodput": len(good) / duration_seconds if duration_seconds else 0.0,
+        "slo_attainment": len(good) / len(records) if records else 0.0,  # failed requests miss the SLOs
         "ttft_ms": _stats_ms([r.ttft_seconds for r in ok if r.ttft_seconds is not None]),
         "tpot_ms": _stats_ms([r.tpot_seconds for r in ok if r.tpot_seconds is not None]),
         "itl_ms": _stats_ms([g for r in ok for g in r.itl_seconds]),
@@ -444,6 +477,7 @@ def format_summary(s: dict[str, Any], title: str = "Serving Benchmark Result") -
         stats = s[key]
         row(f"Mean {short} (ms):", stats["mean"], "{:<10.2f}")
         row(f"Median {short} (ms):", stats["p50"], "{:<10.2f}")
+        row(f"P95 {short} (ms):", stats["p95"], "{:<10.2f}")
         row(f"P99 {short} (ms):", stats["p99"], "{:<10.2f}")
     lines.append("=" * 50)
     return "\n".join(lines)
@@ -463,13 +497,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--burst-period", type=float, default=5.0, help="burst: seconds between bursts")
     parser.add_argument("--max-concurrency", type=int)
-    parser.add_argument("--goodput", nargs="+", metavar="NAME:MS", help="SLOs: ttft:MS tpot:MS e2el:MS (default ttft:1000 tpot:100)")
+    parser.add_argument(
+        "--goodput", nargs="+", metavar="NAME:MS", help="SLOs: ttft:MS tpot:MS e2el:MS (default ttft:1000 tpot:100)"
+    )
     parser.add_argument("--no-ignore-eos", action="store_true", help="let outputs stop at EOS (real models)")
     parser.add_argument("--json", action="store_true", help="print the summary and per-request records as JSON")
-    parser.add_argument("--rounds", type=int, default=1,
-                        help="replay this many plans of --duration, seed +1 each, a summary after each (0: forever)")
-    parser.add_argument("--wait", type=float, default=0.0,
-                        help="seconds to wait for the server to serve its first request (e.g. workers still loading)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="replay this many plans of --duration, seed +1 each, a summary after each (0: forever)",
+    )
+    parser.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        help="seconds to wait for the server to serve its first request (e.g. workers still loading)",
+    )
 
 
 async def _connect(client: Client, wait_seconds: float) -> tuple[int | None, float]:
@@ -498,14 +542,25 @@ async def run(args: argparse.Namespace, on_round: Any = None) -> dict[str, Any]:
         index = 0
         while rounds == 0 or index < rounds:
             planned = plan(
-                args.scenario, duration_seconds=args.duration, rate=args.rate, seed=args.seed + index,
-                tokens_per_word=tokens_per_word, max_model_len=max_model_len, sticky_keys=args.sticky_keys,
+                args.scenario,
+                duration_seconds=args.duration,
+                rate=args.rate,
+                seed=args.seed + index,
+                tokens_per_word=tokens_per_word,
+                max_model_len=max_model_len,
+                sticky_keys=args.sticky_keys,
                 burst_period_seconds=args.burst_period,
             )
             records, wall = await replay(client, planned, max_concurrency=args.max_concurrency)
             summary = summarize(records, wall, slos)
-            summary.update(scenario=args.scenario, rate=args.rate, url=args.url, model=client.model,
-                           tokens_per_word=tokens_per_word, round=index)
+            summary.update(
+                scenario=args.scenario,
+                rate=args.rate,
+                url=args.url,
+                model=client.model,
+                tokens_per_word=tokens_per_word,
+                round=index,
+            )
             result = {"summary": summary, "requests": [asdict(r) for r in records]}
             if on_round is not None:
                 on_round(result)

@@ -1,4 +1,6 @@
-"""Engine profiles: the knobs of DESIGN.md's engine contract and their rules.
+"""Engine profiles: the knobs of the engine contract and their rules
+("Engine contract" in docs/architecture.md; docs/engines.md for what each
+engine does with them).
 
 One definition serves the engine (which refuses a bad profile), the worker
 agent (which applies one) and the control plane (which validates an edit and

@@ -13,9 +13,7 @@ from controlplane.accounts.roles import role_of
 
 class MeView(APIView):
     @extend_schema(
-        responses=inline_serializer(
-            "Me", {"username": serializers.CharField(), "role": serializers.CharField()}
-        )
+        responses=inline_serializer("Me", {"username": serializers.CharField(), "role": serializers.CharField()})
     )
     def get(self, request: Request) -> Response:
         return Response({"username": request.user.get_username(), "role": role_of(request.user).group_name})

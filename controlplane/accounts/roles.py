@@ -32,7 +32,7 @@ def role_of(user: AbstractBaseUser | AnonymousUser | None) -> Role:
         return Role.NONE
     if getattr(user, "is_superuser", False):
         return Role.ADMIN
-    names = set(user.groups.values_list("name", flat=True))  # type: ignore[union-attr, attr-defined]
+    names = set(user.groups.values_list("name", flat=True))  # type: ignore[attr-defined]
     for role in sorted(ROLE_GROUPS, reverse=True):
         if role.group_name in names:
             return role

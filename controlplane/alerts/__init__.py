@@ -4,7 +4,7 @@ switch.
 
 Where things are:
 
-* ``engine``      the state machine of one alert (pure): inactive, pending,
+* ``lifecycle``   the state machine of one alert (pure): inactive, pending,
                   firing, resolved, no data; ``for``, ``keep_firing_for``,
                   flapping.
 * ``labels``      fingerprints and matchers (pure), as Prometheus has them.
@@ -12,8 +12,8 @@ Where things are:
                   webhook payload (pure).
 * ``models``      rules, alerts and their transitions, receivers, routes,
                   notification groups, deliveries, silences, inbound alerts.
-* ``sources``, ``reader``, ``request_log``  what a rule's figure is worth
-                  now, per group, reading each stored window once per cycle.
+* ``sources``     what a rule's figure is worth now, per group, reading each
+                  stored window once per cycle (``metrics.reader``).
 * ``evaluation``  one cycle: due rules, state steps, writes (idempotent).
 * ``notify``      ``notify_event`` for other apps, the dispatcher, delivery.
 * ``receivers/``  channels (webhook, email, external Alertmanager).

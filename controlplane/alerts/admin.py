@@ -27,13 +27,22 @@ from controlplane.alerts.models import (
 URL_OVERRIDES: dict[type[models.Field[Any, Any]], dict[str, Any]] = {models.URLField: {"assume_scheme": "https"}}
 
 
-
 @admin.register(AlertRule)
 class AlertRuleAdmin(admin.ModelAdmin):
     # The model's clean() gives the API's field errors, so the form checks the same.
     formfield_overrides = URL_OVERRIDES
-    list_display = ["name", "enabled", "figure", "group_by", "comparator", "threshold", "for_seconds", "severity",
-                    "action", "last_evaluated_at"]
+    list_display = [
+        "name",
+        "enabled",
+        "figure",
+        "group_by",
+        "comparator",
+        "threshold",
+        "for_seconds",
+        "severity",
+        "action",
+        "last_evaluated_at",
+    ]
     list_filter = ["enabled", "severity", "action", "group_by"]
     search_fields = ["name", "key", "figure", "summary"]
     readonly_fields = ["created_at", "updated_at", "last_evaluated_at", "last_error"]
@@ -45,8 +54,17 @@ class AlertRuleAdmin(admin.ModelAdmin):
 
 @admin.register(Alert)
 class AlertAdmin(ReadOnlyAdmin):
-    list_display = ["__str__", "rule", "source", "state", "value", "fired_at", "resolved_at", "flapping",
-                    "state_changed_at"]
+    list_display = [
+        "__str__",
+        "rule",
+        "source",
+        "state",
+        "value",
+        "fired_at",
+        "resolved_at",
+        "flapping",
+        "state_changed_at",
+    ]
     list_filter = ["state", "source", "flapping"]
     search_fields = ["=fingerprint", "rule__name"]
     list_select_related = ["rule"]
@@ -91,8 +109,9 @@ class ReceiverForm(forms.ModelForm):
     def clean(self) -> dict[str, Any]:
         super().clean()
         data = self.cleaned_data
-        errors = validation.receiver_errors(str(data.get("kind") or ""), str(data.get("url") or ""),
-                                            data.get("emails", []))
+        errors = validation.receiver_errors(
+            str(data.get("kind") or ""), str(data.get("url") or ""), data.get("emails", [])
+        )
         _add_errors(self, errors)
         return data
 
@@ -120,7 +139,8 @@ class RouteForm(forms.ModelForm):
         receiver = data.get("receiver")
         if receiver is not None and receiver.kind == Receiver.KIND_ALERTMANAGER:
             errors.setdefault("receiver", []).append(
-                "an external Alertmanager gets every alert unrouted; route to webhook or email receivers.")
+                "an external Alertmanager gets every alert unrouted; route to webhook or email receivers."
+            )
         _add_errors(self, errors)
         return data
 
@@ -162,6 +182,6 @@ class SilenceAdmin(ReadOnlyAdmin):
 
 @admin.register(InboundAlert)
 class InboundAlertAdmin(ReadOnlyAdmin):
-    list_display = ["__str__", "status", "receiver", "received_at", "outcome"]
+    list_display = ["__str__", "status", "receiver", "received_at", "outcome", "ends_at"]
     list_filter = ["status"]
     search_fields = ["=fingerprint", "receiver", "outcome"]

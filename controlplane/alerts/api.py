@@ -1,6 +1,7 @@
 """Alerting over the API.
 
-    /api/v1/alerts/                  alerts, active first (read-only); ?state=firing|pending|nodata|resolved|inactive|active
+    /api/v1/alerts/                  alerts, active first (read-only);
+    ?state=firing|pending|nodata|resolved|inactive|active
     /api/v1/alerts/webhook/          POST: inbound Alertmanager webhooks (the kill switch)
     /api/v1/alert-rules/             rules, CRUD; /{id}/test/ and POST /test/ evaluate without storing
     /api/v1/silences/                silences; DELETE expires (Alertmanager's semantics)
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 from drf_spectacular.utils import (
@@ -31,11 +31,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane import audit
+from controlplane.accounts.inputs import StrictModelSerializer, StrictSerializer, query_int
 from controlplane.accounts.roles import Role
 from controlplane.alerts import evaluation, killswitch, validation
-from controlplane.alerts.engine import State
 from controlplane.alerts.labels import coerce_matcher
+from controlplane.alerts.lifecycle import AlertState
 from controlplane.alerts.models import (
     Alert,
     AlertRule,
@@ -45,16 +45,16 @@ from controlplane.alerts.models import (
     Route,
     Silence,
 )
-from controlplane.audit.api import AuditedModelViewSet
-from controlplane.metrics.query import QueryError
+from controlplane.audit.api import AuditedModelViewSet, AuditedSerializer
+from controlplane.metrics.query import BackendUnavailable, QueryError
 
-STATE_BY_LABEL = {s.label: s for s in State}
+STATE_BY_LABEL = {s.label: s for s in AlertState}
 
 
 # ---- rules ---------------------------------------------------------------------------
 
 
-class AlertRuleSerializer(serializers.ModelSerializer):
+class AlertRuleSerializer(AuditedSerializer):
     condition = serializers.CharField(source="describe_condition", read_only=True)
     shipped = serializers.SerializerMethodField(help_text="one of the rules Chunkpilot ships")
     # JSON fields take any JSON here: rule_errors says, by field, what is wrong.
@@ -64,10 +64,33 @@ class AlertRuleSerializer(serializers.ModelSerializer):
     class Meta:
         model = AlertRule
         fields = [
-            "id", "name", "enabled", "shipped", "figure", "selector", "group_by", "window_seconds", "compare_to",
-            "comparator", "threshold", "floor", "for_seconds", "keep_firing_for_seconds", "no_data_state",
-            "severity", "labels", "summary", "description", "runbook_url", "dashboard_url", "action",
-            "condition", "created_at", "updated_at", "last_evaluated_at", "last_error",
+            "id",
+            "name",
+            "enabled",
+            "shipped",
+            "figure",
+            "selector",
+            "group_by",
+            "window_seconds",
+            "compare_to",
+            "comparator",
+            "threshold",
+            "floor",
+            "for_seconds",
+            "keep_firing_for_seconds",
+            "no_data_state",
+            "severity",
+            "labels",
+            "summary",
+            "description",
+            "runbook_url",
+            "dashboard_url",
+            "action",
+            "condition",
+            "created_at",
+            "updated_at",
+            "last_evaluated_at",
+            "last_error",
         ]
         read_only_fields = ["created_at", "updated_at", "last_evaluated_at", "last_error"]
 
@@ -75,8 +98,11 @@ class AlertRuleSerializer(serializers.ModelSerializer):
         return obj.key is not None
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        draft = AlertRule(**{f.attname: getattr(self.instance, f.attname) for f in AlertRule._meta.concrete_fields}) \
-            if self.instance is not None else AlertRule()
+        draft = (
+            AlertRule(**{f.attname: getattr(self.instance, f.attname) for f in AlertRule._meta.concrete_fields})
+            if self.instance is not None
+            else AlertRule()
+        )
         for name, value in attrs.items():
             setattr(draft, name, value)
         errors = validation.rule_errors(draft)
@@ -86,7 +112,7 @@ class AlertRuleSerializer(serializers.ModelSerializer):
         return attrs
 
 
-class PreviewSerializer(serializers.Serializer):
+class PreviewSerializer(StrictSerializer):
     labels = serializers.DictField(child=serializers.CharField())
     fingerprint = serializers.CharField()
     value = serializers.FloatField(allow_null=True)
@@ -100,6 +126,8 @@ def _preview(rule: AlertRule) -> Response:
         groups = evaluation.preview(rule)
     except QueryError as exc:
         return Response({exc.field: [exc.message]}, status=400)
+    except BackendUnavailable as exc:
+        return Response({"detail": str(exc), "unavailable": "metrics_backend"}, status=503)
     return Response({"condition": rule.describe_condition(), "evaluated_at": timezone.now(), "groups": groups})
 
 
@@ -109,21 +137,35 @@ class AlertRuleViewSet(AuditedModelViewSet):
     upgrades."""
 
     serializer_class = AlertRuleSerializer
-    audit_name = "alert_rule"
     queryset = AlertRule.objects.all()
     action_roles = {"test_draft": Role.VIEWER}
 
-    @extend_schema(responses=inline_serializer("RuleTest", {
-        "condition": serializers.CharField(), "evaluated_at": serializers.DateTimeField(),
-        "groups": PreviewSerializer(many=True)}))
+    @extend_schema(
+        responses=inline_serializer(
+            "RuleTest",
+            {
+                "condition": serializers.CharField(),
+                "evaluated_at": serializers.DateTimeField(),
+                "groups": PreviewSerializer(many=True),
+            },
+        )
+    )
     @action(detail=True, methods=["get"], url_path="test")
     def test(self, request: Request, pk: str | None = None) -> Response:
         """The rule's figure now, per group, and whether the condition holds."""
         return _preview(self.get_object())
 
-    @extend_schema(request=AlertRuleSerializer, responses=inline_serializer("DraftRuleTest", {
-        "condition": serializers.CharField(), "evaluated_at": serializers.DateTimeField(),
-        "groups": PreviewSerializer(many=True)}))
+    @extend_schema(
+        request=AlertRuleSerializer,
+        responses=inline_serializer(
+            "DraftRuleTest",
+            {
+                "condition": serializers.CharField(),
+                "evaluated_at": serializers.DateTimeField(),
+                "groups": PreviewSerializer(many=True),
+            },
+        ),
+    )
     @action(detail=False, methods=["post"], url_path="test")
     def test_draft(self, request: Request) -> Response:
         """Evaluate a rule that is not saved (the editor's "test now")."""
@@ -136,7 +178,7 @@ class AlertRuleViewSet(AuditedModelViewSet):
 # ---- alerts ----------------------------------------------------------------------------
 
 
-class TransitionSerializer(serializers.ModelSerializer):
+class TransitionSerializer(StrictModelSerializer):
     from_state = serializers.CharField(source="from_label")
     to_state = serializers.CharField(source="to_label")
 
@@ -146,17 +188,27 @@ class TransitionSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class DeliverySerializer(serializers.ModelSerializer):
+class DeliverySerializer(StrictModelSerializer):
     receiver = serializers.CharField(source="receiver.name")
 
     class Meta:
         model = Delivery
-        fields = ["id", "receiver", "reason", "status", "num_attempts", "last_error", "attempts", "created_at",
-                  "sent_at", "next_attempt_at"]
+        fields = [
+            "id",
+            "receiver",
+            "reason",
+            "status",
+            "num_attempts",
+            "last_error",
+            "attempts",
+            "created_at",
+            "sent_at",
+            "next_attempt_at",
+        ]
         read_only_fields = fields
 
 
-class AlertSerializer(serializers.ModelSerializer):
+class AlertSerializer(StrictModelSerializer):
     name = serializers.CharField(read_only=True)
     state = serializers.CharField(source="state_label", read_only=True)
     severity = serializers.CharField(read_only=True)
@@ -168,11 +220,31 @@ class AlertSerializer(serializers.ModelSerializer):
     class Meta:
         model = Alert
         fields = [
-            "id", "fingerprint", "name", "state", "severity", "labels", "annotations", "value", "value_detail",
+            "id",
+            "fingerprint",
+            "name",
+            "state",
+            "severity",
+            "labels",
+            "annotations",
+            "value",
+            "value_detail",
             "active_at",
-            "starts_at", "ends_at", "keep_firing_since", "nodata_since", "flapping", "silenced_by", "rule",
-            "source", "state_changed_at", "last_evaluated_at", "last_notified_at", "num_delivery_failures",
-            "last_delivery_error", "abort_requested_at", "abort_rollout_id",
+            "starts_at",
+            "ends_at",
+            "keep_firing_since",
+            "nodata_since",
+            "flapping",
+            "silenced_by",
+            "rule",
+            "source",
+            "state_changed_at",
+            "last_evaluated_at",
+            "last_notified_at",
+            "num_delivery_failures",
+            "last_delivery_error",
+            "abort_requested_at",
+            "abort_rollout_id",
         ]
         read_only_fields = fields
 
@@ -201,12 +273,18 @@ class AlertDetailSerializer(AlertSerializer):
         return DeliverySerializer(rows, many=True).data
 
 
-@extend_schema_view(list=extend_schema(parameters=[
-    OpenApiParameter("state", str, description="firing, pending, nodata, resolved, inactive, or active (the first three)"),
-    OpenApiParameter("severity", str),
-    OpenApiParameter("rule", int),
-    OpenApiParameter("silenced", bool, description="true: only silenced; false: only audible"),
-]))
+@extend_schema_view(
+    list=extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "state", str, description="firing, pending, nodata, resolved, inactive, or active (the first three)"
+            ),
+            OpenApiParameter("severity", str),
+            OpenApiParameter("rule", int),
+            OpenApiParameter("silenced", bool, description="true: only silenced; false: only audible"),
+        ]
+    )
+)
 class AlertViewSet(viewsets.ReadOnlyModelViewSet):
     """Alerts, firing first, then pending and no data, then history."""
 
@@ -225,10 +303,8 @@ class AlertViewSet(viewsets.ReadOnlyModelViewSet):
                 raise serializers.ValidationError({"state": [f"one of active, {', '.join(STATE_BY_LABEL)}."]})
         if severity := params.get("severity"):
             qs = qs.filter(labels__severity=severity)
-        if rule := params.get("rule"):
-            if not rule.isdigit():
-                raise serializers.ValidationError({"rule": ["a rule id."]})
-            qs = qs.filter(rule_id=int(rule))
+        if (rule := query_int(self.request, "rule", minimum=1)) is not None:
+            qs = qs.filter(rule_id=rule)
         return qs
 
     def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
@@ -251,41 +327,58 @@ class AlertViewSet(viewsets.ReadOnlyModelViewSet):
 
 class InboundWebhookView(APIView):
     """Alertmanager's webhook (version 4) in: a firing alert labelled
-    ``chunkpilot_action="abort_rollout"`` with a ``rollout`` label asks that
-    rollout to abort, once per fingerprint and startsAt. Other alerts are
-    accepted and ignored. Point an Alertmanager ``webhook_configs`` entry here
+    ``chunkpilot_action="abort_rollout"`` asks the rollout its ``rollout``
+    label names, else the running rollouts owning its ``pool`` as canary, to
+    abort, once per fingerprint and startsAt; its resolved notification is
+    recorded. Other alerts are accepted and ignored. Point an Alertmanager ``webhook_configs`` entry here
     with ``http_config.authorization: {type: Token, credentials: <API token>}``."""
 
     write_role = Role.OPERATOR
 
     @extend_schema(
-        request=inline_serializer("AlertmanagerWebhook", {
-            "version": serializers.CharField(), "receiver": serializers.CharField(),
-            "groupKey": serializers.CharField(), "status": serializers.CharField(),
-            "alerts": serializers.ListField(child=serializers.DictField()),
-        }),
-        responses=inline_serializer("WebhookOutcome", {
-            "num_alerts": serializers.IntegerField(), "num_acted": serializers.IntegerField(),
-            "num_duplicates": serializers.IntegerField(), "num_ignored": serializers.IntegerField(),
-            "outcomes": serializers.ListField(child=serializers.DictField()),
-        }),
+        request=inline_serializer(
+            "AlertmanagerWebhook",
+            {
+                "version": serializers.CharField(),
+                "receiver": serializers.CharField(),
+                "groupKey": serializers.CharField(),
+                "status": serializers.CharField(),
+                "alerts": serializers.ListField(child=serializers.DictField()),
+            },
+        ),
+        responses=inline_serializer(
+            "WebhookOutcome",
+            {
+                "num_alerts": serializers.IntegerField(),
+                "num_acted": serializers.IntegerField(),
+                "num_duplicates": serializers.IntegerField(),
+                "num_ignored": serializers.IntegerField(),
+                "num_resolved": serializers.IntegerField(),
+                "outcomes": serializers.ListField(child=serializers.DictField()),
+            },
+        ),
     )
     def post(self, request: Request) -> Response:
         try:
             result = killswitch.receive_webhook(request.data, request.user)
         except killswitch.PayloadError as exc:
             return Response(exc.errors, status=400)
-        return Response({
-            "num_alerts": result.num_alerts, "num_acted": result.num_acted,
-            "num_duplicates": result.num_duplicates, "num_ignored": result.num_ignored,
-            "outcomes": result.outcomes,
-        })
+        return Response(
+            {
+                "num_alerts": result.num_alerts,
+                "num_acted": result.num_acted,
+                "num_duplicates": result.num_duplicates,
+                "num_ignored": result.num_ignored,
+                "num_resolved": result.num_resolved,
+                "outcomes": result.outcomes,
+            }
+        )
 
 
 # ---- silences ----------------------------------------------------------------------------
 
 
-class SilenceSerializer(serializers.ModelSerializer):
+class SilenceSerializer(AuditedSerializer):
     matchers = serializers.JSONField(help_text='[{"name", "value", "isRegex", "isEqual"}] or ["name=\\"value\\"", ...]')
     status = serializers.SerializerMethodField()
     created_by = serializers.CharField(read_only=True)
@@ -293,8 +386,17 @@ class SilenceSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Silence
-        fields = ["id", "matchers", "starts_at", "ends_at", "created_by", "comment", "status", "created_at",
-                  "updated_at"]
+        fields = [
+            "id",
+            "matchers",
+            "starts_at",
+            "ends_at",
+            "created_by",
+            "comment",
+            "status",
+            "created_at",
+            "updated_at",
+        ]
         read_only_fields = ["created_by", "created_at", "updated_at"]
         extra_kwargs = {"comment": {"required": True, "allow_blank": True}}
 
@@ -317,27 +419,28 @@ class SilenceSerializer(serializers.ModelSerializer):
         return attrs
 
     def create(self, validated: dict[str, Any]) -> Silence:
-        user = self.context["request"].user
-        return Silence.objects.create(created_by=user.get_username(), author=user, **validated)
+        user = self.actor()
+        return Silence.create_audited(user, created_by=user.get_username(), author=user, **validated)
 
 
+@extend_schema_view(
+    destroy=extend_schema(
+        summary="Expire a silence",
+        description="As in Alertmanager, DELETE expires the silence: its end becomes now, and it stays listed, with "
+        "status expired, as history. The reply is the expired silence.",
+        responses={200: SilenceSerializer},
+    )
+)
 class SilenceViewSet(AuditedModelViewSet):
     """Silences: matchers and a time window, with author and comment.
     Silenced alerts keep their state and show, marked; they are not notified.
     DELETE expires a silence (it stays, as history)."""
 
     serializer_class = SilenceSerializer
-    audit_name = "silence"
     queryset = Silence.objects.all()
 
-    def audit_snapshot(self, obj: Silence) -> dict[str, Any]:  # type: ignore[override]
-        return obj.audit_state()
-
-    def perform_destroy(self, instance: Silence) -> None:  # type: ignore[override]
-        with transaction.atomic():
-            before = instance.audit_state()
-            instance.expire(timezone.now())
-            audit.record(self.request.user, "silence.expire", instance, before, instance.audit_state())
+    def perform_destroy(self, instance: Silence) -> None:
+        instance.expire_by(self.request.user)
 
     def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         silence = self.get_object()
@@ -348,14 +451,26 @@ class SilenceViewSet(AuditedModelViewSet):
 # ---- receivers and routes --------------------------------------------------------------------
 
 
-class ReceiverSerializer(serializers.ModelSerializer):
+class ReceiverSerializer(AuditedSerializer):
     bearer_token = serializers.CharField(write_only=True, required=False, allow_blank=True)
     emails = serializers.JSONField(required=False)
 
     class Meta:
         model = Receiver
-        fields = ["id", "name", "kind", "url", "bearer_token", "emails", "send_resolved", "max_alerts",
-                  "is_default", "enabled", "last_forwarded_at", "created_at"]
+        fields = [
+            "id",
+            "name",
+            "kind",
+            "url",
+            "bearer_token",
+            "emails",
+            "send_resolved",
+            "max_alerts",
+            "is_default",
+            "enabled",
+            "last_forwarded_at",
+            "created_at",
+        ]
         read_only_fields = ["last_forwarded_at", "created_at"]
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
@@ -370,21 +485,26 @@ class ReceiverSerializer(serializers.ModelSerializer):
 
 class ReceiverViewSet(AuditedModelViewSet):
     serializer_class = ReceiverSerializer
-    audit_name = "alert_receiver"
     queryset = Receiver.objects.all()
 
-    def audit_snapshot(self, obj: Receiver) -> dict[str, Any]:  # type: ignore[override]
-        return audit.snapshot(obj, fields=[f for f in ReceiverSerializer.Meta.fields if f != "bearer_token"])
 
-
-class RouteSerializer(serializers.ModelSerializer):
+class RouteSerializer(AuditedSerializer):
     matchers = serializers.JSONField(required=False)
     group_by = serializers.JSONField(required=False)
 
     class Meta:
         model = Route
-        fields = ["id", "position", "matchers", "receiver", "group_by", "group_wait_seconds",
-                  "group_interval_seconds", "repeat_interval_seconds", "continue_matching"]
+        fields = [
+            "id",
+            "position",
+            "matchers",
+            "receiver",
+            "group_by",
+            "group_wait_seconds",
+            "group_interval_seconds",
+            "repeat_interval_seconds",
+            "continue_matching",
+        ]
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         defaults = Route()
@@ -397,7 +517,8 @@ class RouteSerializer(serializers.ModelSerializer):
         receiver = attrs.get("receiver", getattr(self.instance, "receiver", None))
         if receiver is not None and receiver.kind == Receiver.KIND_ALERTMANAGER:
             errors.setdefault("receiver", []).append(
-                "an external Alertmanager gets every alert unrouted; route to webhook or email receivers.")
+                "an external Alertmanager gets every alert unrouted; route to webhook or email receivers."
+            )
         if errors:
             raise serializers.ValidationError(errors)
         if "matchers" in attrs:
@@ -410,6 +531,4 @@ class RouteViewSet(AuditedModelViewSet):
     what no route takes to the default receivers."""
 
     serializer_class = RouteSerializer
-    audit_name = "alert_route"
     queryset = Route.objects.select_related("receiver")
-

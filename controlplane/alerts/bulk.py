@@ -23,7 +23,7 @@ def update_rows(rows: Sequence[Model], fields: Sequence[str]) -> int:
         return 0
     model = type(rows[0])
     if connection.vendor != "postgresql":
-        return model._default_manager.bulk_update(rows, fields, batch_size=500)  # type: ignore[no-any-return]
+        return model._default_manager.bulk_update(rows, fields, batch_size=500)
     meta = model._meta
     columns: list[Field[Any, Any]] = [cast(Field, meta.pk)] + [cast(Field, meta.get_field(name)) for name in fields]
     quote = connection.ops.quote_name

@@ -31,8 +31,8 @@ DEFAULT_RULES: list[dict[str, Any]] = [
         "action": "abort_rollout",
         "summary": "Canary {{ $labels.pool }}: TTFT P99 is {{ $value }}x its baseline's",
         "description": "The canary's exact TTFT P99 over 5 minutes is more than 1.5 times its baseline pool's "
-                       "(its stable pool where the table has no baseline) and above 250 ms, for 2 minutes. "
-                       "This aborts the rollout that owns the canary. No data (no canary traffic) counts as ok.",
+        "(its stable pool where the table has no baseline) and above 250 ms, for 2 minutes. "
+        "This aborts the rollout that owns the canary. No data (no canary traffic) counts as ok.",
     },
     {
         "key": "stalls-high",
@@ -47,8 +47,8 @@ DEFAULT_RULES: list[dict[str, Any]] = [
         "severity": "warning",
         "summary": "Pool {{ $labels.pool }}: P99 of each stream's longest gap between tokens is {{ $value }} s",
         "description": "Head-of-line blocking: a long prefill (monolithic, or chunks too large) holds running "
-                       "streams. Look at the pool's profile: chunked prefill with a smaller "
-                       "long_prefill_token_threshold spreads prefills out. No data (no requests) counts as ok.",
+        "streams. Look at the pool's profile: chunked prefill with a smaller "
+        "long_prefill_token_threshold spreads prefills out. No data (no requests) counts as ok.",
     },
     {
         "key": "error-rate-high",
@@ -63,7 +63,7 @@ DEFAULT_RULES: list[dict[str, Any]] = [
         "severity": "critical",
         "summary": "Pool {{ $labels.pool }}: {{ $value }} of requests failed (5xx, 429 or a broken stream)",
         "description": "More than 5% of the pool's requests failed over 5 minutes, for 2 minutes. "
-                       "No data (no requests) counts as ok.",
+        "No data (no requests) counts as ok.",
     },
     {
         "key": "worker-missing",
@@ -78,7 +78,7 @@ DEFAULT_RULES: list[dict[str, Any]] = [
         "severity": "warning",
         "summary": "Worker {{ $labels.worker }} stopped answering heartbeats",
         "description": "The worker is unhealthy or offline: it missed heartbeats, and the gateway no longer "
-                       "routes to it.",
+        "routes to it.",
         "dashboard_url": "/",
     },
     {
@@ -94,7 +94,7 @@ DEFAULT_RULES: list[dict[str, Any]] = [
         "severity": "warning",
         "summary": "Worker {{ $labels.worker }} has not run its desired profile for {{ $value }} s",
         "description": "The worker runs a profile revision other than the one it should for more than 5 "
-                       "minutes: its agent failed to apply it (see the worker's apply error) or cannot.",
+        "minutes: its agent failed to apply it (see the worker's apply error) or cannot.",
         "dashboard_url": "/",
     },
     {
@@ -110,7 +110,7 @@ DEFAULT_RULES: list[dict[str, Any]] = [
         "severity": "warning",
         "summary": "Worker {{ $labels.worker }}: KV fragmentation {{ $value }} over 10 minutes",
         "description": "More than half of the KV blocks' token slots stand empty: the block size is large for "
-                       "the prompts served, or chunks end mid-block. No data means its scrapes stopped.",
+        "the prompts served, or chunks end mid-block. No data means its scrapes stopped.",
     },
     {
         "key": "memory-peak-to-mean-high",
@@ -125,8 +125,8 @@ DEFAULT_RULES: list[dict[str, Any]] = [
         "severity": "warning",
         "summary": "Worker {{ $labels.worker }}: memory peak is {{ $value }}x its mean",
         "description": "Engine memory spikes to more than twice its time-weighted mean: whole-prompt prefills' "
-                       "activations. Chunked prefill with a smaller budget flattens the peaks. No data means its "
-                       "scrapes stopped.",
+        "activations. Chunked prefill with a smaller budget flattens the peaks. No data means its "
+        "scrapes stopped.",
     },
 ]
 

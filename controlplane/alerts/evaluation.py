@@ -39,16 +39,28 @@ from django.db.models import Q
 from django.utils import timezone
 
 from controlplane import audit
-from controlplane.alerts import bulk, conf, engine, sources
-from controlplane.alerts.engine import State
+from controlplane.alerts import bulk, conf, lifecycle, sources
 from controlplane.alerts.labels import fingerprint
+from controlplane.alerts.lifecycle import AlertState
 from controlplane.alerts.models import Alert, AlertRule, AlertTransition
 
 log = logging.getLogger(__name__)
 ACTOR = "system:alerts"
 ALERT_FIELDS = [
-    "labels", "annotations", "state", "value", "value_detail", "active_at", "fired_at", "resolved_at", "keep_firing_since",
-    "nodata_since", "fired_times", "flapping", "state_changed_at", "last_evaluated_at",
+    "labels",
+    "annotations",
+    "state",
+    "value",
+    "value_detail",
+    "active_at",
+    "fired_at",
+    "resolved_at",
+    "keep_firing_since",
+    "nodata_since",
+    "fired_times",
+    "flapping",
+    "state_changed_at",
+    "last_evaluated_at",
 ]
 # A steady cycle of an active alert moves only these: annotations are
 # rendered again from them when read (Alert.live_annotations).
@@ -69,7 +81,7 @@ class CycleResult:
 
 
 def tick_of(now: datetime, interval_seconds: float | None = None) -> datetime:
-    interval = interval_seconds or conf.eval_interval_seconds()
+    interval = interval_seconds or conf.ALERT_EVAL_INTERVAL.get()
     return datetime.fromtimestamp(math.floor(now.timestamp() / interval) * interval, tz=UTC)
 
 
@@ -84,8 +96,9 @@ def expand(text: str, labels: dict[str, str], value: float | None) -> str:
     return _TEMPLATE.sub(one, text) if "{{" in text else text
 
 
-def render_annotations(rule: AlertRule, labels: dict[str, str], value: float | None, detail: str,
-                       with_value: bool) -> dict[str, str]:
+def render_annotations(
+    rule: AlertRule, labels: dict[str, str], value: float | None, detail: str, with_value: bool
+) -> dict[str, str]:
     """The rule's annotations for one alert: templates rendered, plus the
     value (and for ratio rules both sides) while it matters."""
     annotations = {k: expand(v, labels, value) for k, v in rule.annotations().items()}
@@ -99,10 +112,10 @@ def render_annotations(rule: AlertRule, labels: dict[str, str], value: float | N
 def condition_of(rule: AlertRule, sample: sources.Sample) -> bool | None:
     if sample.value is None:
         return None
-    holds = engine.compare(sample.value, rule.comparator, rule.threshold)
+    holds = lifecycle.compare(sample.value, rule.comparator, rule.threshold)
     if holds and rule.compare_to and rule.floor is not None:
         # A ratio alone would alert on 10 ms against 8 ms: the figure must also matter.
-        holds = sample.raw is not None and engine.compare(sample.raw, rule.comparator, rule.floor)
+        holds = sample.raw is not None and lifecycle.compare(sample.raw, rule.comparator, rule.floor)
     return holds
 
 
@@ -133,7 +146,7 @@ def _retire_orphans(tick: datetime, result: CycleResult) -> None:
     orphans = list(
         Alert.objects.select_for_update(skip_locked=True, of=("self",))
         .filter(Q(rule__enabled=False) | Q(rule__isnull=True, source=Alert.SOURCE_RULE))
-        .filter(Q(state__gte=State.NODATA) | Q(nodata_since__isnull=False) | Q(keep_firing_since__isnull=False))
+        .filter(Q(state__gte=AlertState.NODATA) | Q(nodata_since__isnull=False) | Q(keep_firing_since__isnull=False))
         .select_related("rule")
     )
     if not orphans:
@@ -150,16 +163,16 @@ def _retire_orphans(tick: datetime, result: CycleResult) -> None:
 def _retire(row: Alert, reason: str, tick: datetime, writes: _Writes, rule: AlertRule | None) -> None:
     """End an alert at once, whatever its timers: firing or no data resolve,
     pending goes back to inactive."""
-    before = State(row.state)
-    after = State.RESOLVED if before.is_notified else State.INACTIVE
+    before = AlertState(row.state)
+    after = AlertState.RESOLVED if before.is_notified else AlertState.INACTIVE
     row.state, row.active_at, row.keep_firing_since, row.nodata_since = int(after), None, None, None
-    if after == State.RESOLVED:
+    if after == AlertState.RESOLVED:
         row.resolved_at = tick
     row.flapping = False
     row.state_changed_at = row.last_evaluated_at = tick
     writes.changed.append(row)
     if before != after:
-        writes.transitions.append((row, engine.Transition(before, after, tick, row.value, reason), rule))
+        writes.transitions.append(_Made(row, lifecycle.Transition(before, after, tick, row.value, reason), rule))
 
 
 def _evaluate_rules(rules: list[AlertRule], tick: datetime, result: CycleResult) -> None:
@@ -168,16 +181,19 @@ def _evaluate_rules(rules: list[AlertRule], tick: datetime, result: CycleResult)
     fleet = sources.Fleet(tick)
     samples = sources.sample_all([sources.RuleQuery.from_rule(r) for r in rules], tick, fleet)
     result.read_seconds = time.perf_counter() - read_started
-    worker_names = {w[0] for w in fleet.workers}
-    pool_names = {w[1] for w in fleet.workers if w[1]} | set(fleet.routes)
+    worker_names = {w.name for w in fleet.workers}
+    pool_names = {w.pool for w in fleet.workers if w.pool} | set(fleet.routes)
 
     # The rows that matter: every active alert of these rules, and any row of
     # a label set that now needs one (it may have a resolved past).
     rule_ids = [r.pk for r in rules]
-    rows = {a.fingerprint: a for a in Alert.objects.filter(rule_id__in=rule_ids).filter(
-        Q(state__gte=State.NODATA) | Q(nodata_since__isnull=False) | Q(keep_firing_since__isnull=False)
-    )}
-    plans: list[tuple[AlertRule, engine.Spec, list[tuple[dict[str, str], str, sources.Sample, bool | None]]]] = []
+    rows = {
+        a.fingerprint: a
+        for a in Alert.objects.filter(rule_id__in=rule_ids).filter(
+            Q(state__gte=AlertState.NODATA) | Q(nodata_since__isnull=False) | Q(keep_firing_since__isnull=False)
+        )
+    }
+    plans: list[_Plan] = []
     wanted: set[str] = set()
     for rule in rules:
         got = samples.get(rule.pk, [])
@@ -187,15 +203,14 @@ def _evaluate_rules(rules: list[AlertRule], tick: datetime, result: CycleResult)
             continue
         rule.last_error = ""
         base = tuple(sorted(rule.base_labels().items()))
-        spec = rule.spec()
-        planned = []
+        plan = _Plan(rule, rule.spec())
         for sample in got:
             fp, label_items = _identity(base, tuple(sample.labels.items()))
             condition = condition_of(rule, sample)
-            planned.append((dict(label_items), fp, sample, condition))
+            plan.groups.append(_Group(dict(label_items), fp, sample, condition))
             if fp not in rows and (sample.value is None or condition):
                 wanted.add(fp)
-        plans.append((rule, spec, planned))
+        plans.append(plan)
     if wanted:
         rows.update({a.fingerprint: a for a in Alert.objects.filter(fingerprint__in=wanted)})
 
@@ -203,11 +218,22 @@ def _evaluate_rules(rules: list[AlertRule], tick: datetime, result: CycleResult)
     for row in rows.values():
         rows_by_rule.setdefault(row.rule_id, []).append(row)
     writes = _Writes()
-    for rule, spec, planned in plans:
+    for plan in plans:
+        rule, spec = plan.rule, plan.spec
         seen: set[str] = set()
-        for alert_labels, fp, sample, condition in planned:
-            seen.add(fp)
-            _step_one(rule, spec, rows.get(fp), alert_labels, fp, sample, condition, tick, writes)
+        for group in plan.groups:
+            seen.add(group.fingerprint)
+            _step_one(
+                rule,
+                spec,
+                rows.get(group.fingerprint),
+                group.labels,
+                group.fingerprint,
+                group.sample,
+                group.condition,
+                tick,
+                writes,
+            )
         # Active alerts whose group is gone from the data.
         base_labels, group_keys = rule.base_labels(), rule.group_label_keys()
         for row in rows_by_rule.get(rule.pk, []):
@@ -215,7 +241,8 @@ def _evaluate_rules(rules: list[AlertRule], tick: datetime, result: CycleResult)
             if fp in seen or not (row.is_active or row.nodata_since or row.keep_firing_since):
                 continue
             if set(row.labels) != set(base_labels) | group_keys or any(
-                    row.labels.get(k) != v for k, v in base_labels.items()):
+                row.labels.get(k) != v for k, v in base_labels.items()
+            ):
                 # The rule was edited (labels, severity, grouping): this label set is no longer its.
                 _retire(row, "the rule changed; its alerts carry other labels now", tick, writes, rule)
                 continue
@@ -231,7 +258,9 @@ def _evaluate_rules(rules: list[AlertRule], tick: datetime, result: CycleResult)
     if created:
         Alert.objects.bulk_create(created)
         if any(a.pk is None for a in created):  # backends that return no ids
-            ids = dict(Alert.objects.filter(fingerprint__in=[a.fingerprint for a in created]).values_list("fingerprint", "pk"))
+            ids = dict(
+                Alert.objects.filter(fingerprint__in=[a.fingerprint for a in created]).values_list("fingerprint", "pk")
+            )
             for a in created:
                 a.pk = ids[a.fingerprint]
     bulk.update_rows(writes.changed, ALERT_FIELDS)
@@ -243,44 +272,64 @@ def _evaluate_rules(rules: list[AlertRule], tick: datetime, result: CycleResult)
     bulk.update_rows(rules, ["last_evaluated_at", "last_error"])
 
 
-def _store_transitions(made: list[tuple[Alert, engine.Transition, AlertRule | None]],
-                       tick: datetime) -> list[AlertTransition]:
+def _store_transitions(made: list[_Made], tick: datetime) -> list[AlertTransition]:
     transitions = [
-        AlertTransition(alert_id=alert.pk, fingerprint=alert.fingerprint, rule_id=rule.pk if rule else None,
-                        from_state=int(t.from_state), to_state=int(t.to_state), value=t.value,
-                        reason=t.reason[:200], at=t.at)
-        for alert, t, rule in made
+        AlertTransition(
+            alert_id=m.alert.pk,
+            fingerprint=m.alert.fingerprint,
+            rule_id=m.rule.pk if m.rule else None,
+            from_state=int(m.transition.from_state),
+            to_state=int(m.transition.to_state),
+            value=m.transition.value,
+            reason=m.transition.reason[:200],
+            at=m.transition.at,
+        )
+        for m in made
     ]
     if transitions:
-        AlertTransition.objects.bulk_create(transitions, ignore_conflicts=True)
+        AlertTransition.record(transitions)
         _audit(made, tick)
     return transitions
 
 
-def _audit(transitions: list[tuple[Alert, engine.Transition, AlertRule | None]], tick: datetime) -> None:
+def _audit(transitions: list[_Made], tick: datetime) -> None:
     """One audit row per rule and outcome per cycle (firing, resolved, no
     data), listing the alerts: a storm of 500 alerts is one readable row,
     and one alert is a row that names it."""
-    by_outcome: dict[tuple[int, State], list[tuple[Alert, engine.Transition]]] = {}
+    by_outcome: dict[tuple[int, AlertState], list[tuple[Alert, lifecycle.Transition]]] = {}
     rules: dict[int, AlertRule] = {}
-    for alert, t, rule in transitions:
-        if t.to_state in (State.FIRING, State.RESOLVED, State.NODATA):
+    for made in transitions:
+        alert, t, rule = made.alert, made.transition, made.rule
+        if t.to_state in (AlertState.FIRING, AlertState.RESOLVED, AlertState.NODATA):
             by_outcome.setdefault((rule.pk if rule else 0, t.to_state), []).append((alert, t))
             if rule is not None:
                 rules[rule.pk] = rule
     for (rule_id, state), items in sorted(by_outcome.items()):
         listed = [
-            {"fingerprint": a.fingerprint, "labels": a.labels, "from": t.from_state.label, "value": t.value,
-             "reason": t.reason}
+            {
+                "fingerprint": a.fingerprint,
+                "labels": a.labels,
+                "from": t.from_state.label,
+                "value": t.value,
+                "reason": t.reason,
+            }
             for a, t in items[:AUDIT_MAX_LISTED]
         ]
         subject = rules.get(rule_id) or audit.Subject("alerts.alertrule", "", "(a deleted rule)")
-        audit.record(ACTOR, f"alert.{state.label}", subject, None,
-                     {"state": state.label, "num_alerts": len(items), "alerts": listed}, time=tick)
+        audit.record(
+            ACTOR,
+            f"alert.{state.label}",
+            subject,
+            None,
+            {"state": state.label, "num_alerts": len(items), "alerts": listed},
+            time=tick,
+        )
 
 
 @lru_cache(maxsize=65536)
-def _identity(base: tuple[tuple[str, str], ...], group: tuple[tuple[str, str], ...]) -> tuple[str, tuple[tuple[str, str], ...]]:
+def _identity(
+    base: tuple[tuple[str, str], ...], group: tuple[tuple[str, str], ...]
+) -> tuple[str, tuple[tuple[str, str], ...]]:
     """An alert's fingerprint and label set from its rule's labels and its
     group's: the same every cycle, so worked out once (a rule's labels win,
     as in Prometheus)."""
@@ -288,9 +337,44 @@ def _identity(base: tuple[tuple[str, str], ...], group: tuple[tuple[str, str], .
     return fingerprint(labels), tuple(sorted(labels.items()))
 
 
-def _same_but_value(a: engine.AlertState, b: engine.AlertState) -> bool:
+def _same_but_value(a: lifecycle.Progress, b: lifecycle.Progress) -> bool:
     return (a.state, a.active_at, a.fired_at, a.resolved_at, a.keep_firing_since, a.nodata_since, a.fired_times) == (
-        b.state, b.active_at, b.fired_at, b.resolved_at, b.keep_firing_since, b.nodata_since, b.fired_times)
+        b.state,
+        b.active_at,
+        b.fired_at,
+        b.resolved_at,
+        b.keep_firing_since,
+        b.nodata_since,
+        b.fired_times,
+    )
+
+
+@dataclass(frozen=True)
+class _Group:
+    """One label set a rule's query gave this cycle, and whether the condition holds (None: no data)."""
+
+    labels: dict[str, str]
+    fingerprint: str
+    sample: sources.Sample
+    condition: bool | None
+
+
+@dataclass
+class _Plan:
+    """What a cycle steps for one rule."""
+
+    rule: AlertRule
+    spec: lifecycle.Spec
+    groups: list[_Group] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Made:
+    """A transition made this cycle, with its alert and rule (None: the rule is gone)."""
+
+    alert: Alert
+    transition: lifecycle.Transition
+    rule: AlertRule | None
 
 
 @dataclass
@@ -298,20 +382,29 @@ class _Writes:
     created: list[Alert] = field(default_factory=list)
     changed: list[Alert] = field(default_factory=list)  # state or timers moved: every field
     refreshed: list[Alert] = field(default_factory=list)  # same state, new value: the value fields
-    transitions: list[tuple[Alert, engine.Transition, AlertRule | None]] = field(default_factory=list)
+    transitions: list[_Made] = field(default_factory=list)
 
 
-def _step_one(rule: AlertRule, spec: engine.Spec, row: Alert | None, labels: dict[str, str], fp: str,
-              sample: sources.Sample, condition: bool | None, tick: datetime, writes: _Writes) -> None:
+def _step_one(
+    rule: AlertRule,
+    spec: lifecycle.Spec,
+    row: Alert | None,
+    labels: dict[str, str],
+    fp: str,
+    sample: sources.Sample,
+    condition: bool | None,
+    tick: datetime,
+    writes: _Writes,
+) -> None:
     if row is None and condition is False:
         return  # quiet and never alerted (most groups, most cycles): nothing to step or remember
-    before = row.engine_state() if row is not None else engine.AlertState()
-    after, transition = engine.step(spec, before, condition, sample.value, tick)
-    if row is None and after == engine.AlertState(value=after.value):
+    before = row.progress() if row is not None else lifecycle.Progress()
+    after, transition = lifecycle.step(spec, before, condition, sample.value, tick)
+    if row is None and after == lifecycle.Progress(value=after.value):
         return  # quiet and never alerted: nothing to remember
     if row is not None and after == before and not after.state.is_active:
         return  # resolved or inactive, and staying so
-    flapping = engine.is_flapping(after, spec, tick) and after.state == State.FIRING
+    flapping = lifecycle.is_flapping(after, spec, tick) and after.state == AlertState.FIRING
 
     if row is None:
         row = Alert(fingerprint=fp, rule=rule, source=Alert.SOURCE_RULE, labels=labels)
@@ -330,22 +423,24 @@ def _step_one(rule: AlertRule, spec: engine.Spec, row: Alert | None, labels: dic
     row.take(after)
     row.flapping = flapping
     row.value_detail = sample.detail
-    row.annotations = render_annotations(rule, labels, after.value, sample.detail,
-                                         after.state.is_active or transition is not None)
+    row.annotations = render_annotations(
+        rule, labels, after.value, sample.detail, after.state.is_active or transition is not None
+    )
     row.last_evaluated_at = tick
     if transition is not None:
         row.state_changed_at = tick
-        writes.transitions.append((row, transition, rule))
+        writes.transitions.append(_Made(row, transition, rule))
 
 
 def _after_commit(result: CycleResult) -> None:
+    # Imported here: tasks.py imports this module.
     from controlplane.alerts import tasks
 
     tasks.enqueue_dispatch()
 
 
 def preview(rule: AlertRule, now: datetime | None = None) -> list[dict[str, Any]]:
-    """"Test now": the rule's current value per group, the labels its alert
+    """ "Test now": the rule's current value per group, the labels its alert
     would carry and whether the condition holds. Writes nothing."""
     now = now or timezone.now()
     query = sources.RuleQuery.from_rule(rule)
@@ -358,13 +453,14 @@ def preview(rule: AlertRule, now: datetime | None = None) -> list[dict[str, Any]
     for sample in got:
         labels = {**sample.labels, **base}
         holds = condition_of(rule, sample)
-        out.append({
-            "labels": labels,
-            "fingerprint": fingerprint(labels),
-            "value": sample.value,
-            "raw": sample.raw,
-            "detail": sample.detail,
-            "condition": "no data" if holds is None else ("holds" if holds else "clear"),
-        })
+        out.append(
+            {
+                "labels": labels,
+                "fingerprint": fingerprint(labels),
+                "value": sample.value,
+                "raw": sample.raw,
+                "detail": sample.detail,
+                "condition": "no data" if holds is None else ("holds" if holds else "clear"),
+            }
+        )
     return out
-

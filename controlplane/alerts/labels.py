@@ -136,6 +136,9 @@ def check_matcher(matcher: Matcher) -> None:
             raise MatcherError(f"`{matcher.value}` is not a regular expression: {exc}.") from None
 
 
+MATCHER_KEYS = {"name", "value", "isRegex", "isEqual"}  # Alertmanager's API shape
+
+
 def coerce_matcher(item: Any) -> Matcher:
     """A matcher written as a string or in the API's dict shape."""
     if isinstance(item, str):
@@ -143,10 +146,12 @@ def coerce_matcher(item: Any) -> Matcher:
     if isinstance(item, Mapping):
         if not isinstance(item.get("name"), str) or not isinstance(item.get("value"), str):
             raise MatcherError("a matcher object has a string name and value.")
+        if unknown := set(item) - MATCHER_KEYS:
+            raise MatcherError(f"unknown matcher keys: {', '.join(sorted(map(str, unknown)))}.")
         matcher = Matcher.from_api(item)
         check_matcher(matcher)
         return matcher
-    raise MatcherError("a matcher is a string (name=\"value\") or {name, value, isRegex, isEqual}.")
+    raise MatcherError('a matcher is a string (name="value") or {name, value, isRegex, isEqual}.')
 
 
 def matches_all(matchers: Iterable[Matcher], labels: LabelSet) -> bool:

@@ -6,7 +6,7 @@
   annotations and an action (notify, or abort the rollout that owns the
   canary). ``full_clean()`` gives field-level errors (see ``validation``).
 * ``Alert``: one label set's alert, identified by its fingerprint; its state
-  is ``engine.State``. Rows appear when an alert first becomes active and
+  is ``lifecycle.AlertState``. Rows appear when an alert first becomes active and
   stay, resolved, as history. ``AlertTransition``: every state change, with
   the value that caused it.
 * ``Receiver`` (webhook, email, or an external Alertmanager to forward to),
@@ -16,7 +16,8 @@
 * ``Silence``: matchers and a time window; silenced alerts keep their state
   and show, marked, but are not notified.
 * ``InboundAlert``: an Alertmanager webhook alert that acted on a rollout,
-  unique by (fingerprint, startsAt) so that a redelivery acts once.
+  unique by (fingerprint, startsAt) so that a redelivery acts once; its
+  resolved notification sets ``status`` and ``ends_at``.
 """
 
 from __future__ import annotations
@@ -25,18 +26,19 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import models
+from django.db import models, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from controlplane.alerts import engine
-from controlplane.alerts.engine import NoData, State
+from controlplane import audit, live
+from controlplane.alerts import conf, lifecycle
 from controlplane.alerts.labels import Matcher, coerce_matcher, matches_all
+from controlplane.alerts.lifecycle import AlertState, NoData
 
-STATE_CHOICES = [(s.value, s.label) for s in State]
+STATE_CHOICES = [(s.value, s.label) for s in AlertState]
 SEVERITIES = ("info", "warning", "critical")
 SEVERITY_CHOICES = [(s, s) for s in SEVERITIES]
-COMPARATOR_CHOICES = [(c, c) for c in engine.COMPARATORS]
+COMPARATOR_CHOICES = [(c, c) for c in lifecycle.COMPARATORS]
 NO_DATA_CHOICES = [
     (NoData.NODATA.value, "no data: a state of its own"),
     (NoData.ALERTING.value, "alerting: the condition holds"),
@@ -56,32 +58,49 @@ ACTION_LABEL = "chunkpilot_action"
 ROLLOUT_LABEL = "rollout"
 
 
-class AlertRule(models.Model):
+class AlertRule(audit.Audited, models.Model):
+    audit_name = "alert_rule"
+
     name = models.CharField(
         max_length=100, unique=True, help_text="the alert's name (its alertname label), e.g. CanaryTTFTRegression"
     )
     key = models.SlugField(
-        max_length=64, unique=True, null=True, blank=True, editable=False,
+        max_length=64,
+        unique=True,
+        null=True,
+        blank=True,
+        editable=False,
         help_text="set on the rules Chunkpilot ships, so they are found again; null for operators' own",
     )
     enabled = models.BooleanField(default=True)
-    figure = models.CharField(max_length=64, help_text="a figure from the metrics registry, or worker_missing / profile_drift_seconds")
+    figure = models.CharField(
+        max_length=64, help_text="a figure from the metrics registry, or worker_missing / profile_drift_seconds"
+    )
     selector = models.JSONField(
-        default=dict, blank=True,
+        default=dict,
+        blank=True,
         help_text='which data: {"pool": ..., "cohort": ..., "worker": ..., "labels": {worker labels}}',
     )
-    group_by = models.CharField(max_length=16, choices=GROUP_BY_CHOICES, default="fleet",
-                                help_text="one alert per worker, pool, cohort, or one for the fleet")
+    group_by = models.CharField(
+        max_length=16,
+        choices=GROUP_BY_CHOICES,
+        default="fleet",
+        help_text="one alert per worker, pool, cohort, or one for the fleet",
+    )
     window_seconds = models.FloatField(default=300.0, help_text="the figure's window")
     compare_to = models.CharField(max_length=16, choices=COMPARE_CHOICES, default="", blank=True)
     comparator = models.CharField(max_length=2, choices=COMPARATOR_CHOICES, default=">")
     threshold = models.FloatField()
     floor = models.FloatField(
-        null=True, blank=True,
-        help_text="with compare_to: the figure itself must also be past this (an absolute floor), else the condition does not hold",
+        null=True,
+        blank=True,
+        help_text="with compare_to: the figure itself must also be past this (an absolute floor), else the "
+        "condition does not hold",
     )
     for_seconds = models.FloatField(default=0.0, help_text="how long the condition must hold before firing")
-    keep_firing_for_seconds = models.FloatField(default=0.0, help_text="how long it keeps firing after the condition clears")
+    keep_firing_for_seconds = models.FloatField(
+        default=0.0, help_text="how long it keeps firing after the condition clears"
+    )
     no_data_state = models.CharField(max_length=16, choices=NO_DATA_CHOICES, default=NoData.NODATA.value)
     severity = models.CharField(max_length=16, choices=SEVERITY_CHOICES, default="warning")
     labels = models.JSONField(default=dict, blank=True, help_text="extra labels on every alert of the rule")
@@ -93,8 +112,9 @@ class AlertRule(models.Model):
 
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
-    last_evaluated_at = models.DateTimeField(null=True, blank=True, editable=False,
-                                             help_text="the evaluation tick that last took this rule")
+    last_evaluated_at = models.DateTimeField(
+        null=True, blank=True, editable=False, help_text="the evaluation tick that last took this rule"
+    )
     last_error = models.CharField(max_length=500, blank=True, editable=False)
 
     class Meta:
@@ -104,7 +124,18 @@ class AlertRule(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    def set_enabled(self, enabled: bool, actor: audit.Actor, *, now: datetime | None = None) -> None:
+        """Switch the rule on or off, audited as ``alert_rule.update`` with just
+        that change (the UI's toggle; the API's PATCH is a whole update)."""
+        now = now or timezone.now()
+        with transaction.atomic():
+            before = {"enabled": self.enabled}
+            self.enabled, self.updated_at = enabled, now
+            self.save(update_fields=["enabled", "updated_at"])
+            audit.record(actor, "alert_rule.update", self, before, {"enabled": enabled}, time=now)
+
     def clean(self) -> None:
+        # Imported here: validation imports this module.
         from controlplane.alerts.validation import rule_errors
 
         errors = rule_errors(self)
@@ -113,15 +144,13 @@ class AlertRule(models.Model):
 
             raise ValidationError(errors)
 
-    def spec(self) -> engine.Spec:
-        from controlplane.alerts import conf
-
-        return engine.Spec(
+    def spec(self) -> lifecycle.Spec:
+        return lifecycle.Spec(
             for_seconds=self.for_seconds,
             keep_firing_for_seconds=self.keep_firing_for_seconds,
             no_data=NoData(self.no_data_state),
-            flap_window_seconds=conf.flap_window_seconds(),
-            flap_threshold=conf.flap_threshold(),
+            flap_window_seconds=conf.ALERT_FLAP_WINDOW_SECONDS.get(),
+            flap_threshold=conf.ALERT_FLAP_THRESHOLD.get(),
         )
 
     def annotations(self) -> dict[str, str]:
@@ -153,7 +182,7 @@ class AlertRule(models.Model):
         return set() if self.group_by == "fleet" else {self.group_by}
 
     def describe_condition(self) -> str:
-        window = engine.format_duration(self.window_seconds)
+        window = lifecycle.format_duration(self.window_seconds)
         subject = f"{self.figure}[{window}]"
         if self.compare_to:
             subject = f"{subject} / {self.compare_to}"
@@ -165,10 +194,10 @@ class AlertRule(models.Model):
 
 class AlertQuerySet(models.QuerySet["Alert"]):
     def active(self) -> AlertQuerySet:
-        return self.filter(state__gte=State.NODATA)
+        return self.filter(state__gte=AlertState.NODATA)
 
     def firing_critical(self) -> AlertQuerySet:
-        return self.filter(state=State.FIRING, labels__severity="critical")
+        return self.filter(state=AlertState.FIRING, labels__severity="critical")
 
 
 class Alert(models.Model):
@@ -178,10 +207,12 @@ class Alert(models.Model):
     fingerprint = models.CharField(max_length=16, unique=True)
     # SET_NULL: a deleted rule's firing alerts still resolve, so receivers hear it.
     rule = models.ForeignKey(AlertRule, null=True, blank=True, on_delete=models.SET_NULL, related_name="alerts")
-    source = models.CharField(max_length=8, default=SOURCE_RULE, choices=[(SOURCE_RULE, "rule"), (SOURCE_EVENT, "event")])
+    source = models.CharField(
+        max_length=8, default=SOURCE_RULE, choices=[(SOURCE_RULE, "rule"), (SOURCE_EVENT, "event")]
+    )
     labels = models.JSONField(default=dict)
     annotations = models.JSONField(default=dict)
-    state = models.PositiveSmallIntegerField(choices=STATE_CHOICES, default=State.INACTIVE, db_index=True)
+    state = models.PositiveSmallIntegerField(choices=STATE_CHOICES, default=AlertState.INACTIVE, db_index=True)
     value = models.FloatField(null=True, blank=True, help_text="the figure at the last evaluation")
     value_detail = models.CharField(max_length=300, blank=True, help_text="for ratio rules: both sides")
     active_at = models.DateTimeField(null=True, blank=True)
@@ -189,7 +220,9 @@ class Alert(models.Model):
     resolved_at = models.DateTimeField(null=True, blank=True, help_text="endsAt")
     keep_firing_since = models.DateTimeField(null=True, blank=True)
     nodata_since = models.DateTimeField(null=True, blank=True)
-    fired_times = models.JSONField(default=list, blank=True, help_text="epoch seconds it started firing, within the flap window")
+    fired_times = models.JSONField(
+        default=list, blank=True, help_text="epoch seconds it started firing, within the flap window"
+    )
     flapping = models.BooleanField(default=False)
     expires_at = models.DateTimeField(null=True, blank=True, help_text="events: when they resolve by themselves")
     state_changed_at = models.DateTimeField(default=timezone.now, db_index=True)
@@ -222,15 +255,15 @@ class Alert(models.Model):
 
     @property
     def state_label(self) -> str:
-        return State(self.state).label
+        return AlertState(self.state).label
 
     @property
     def is_active(self) -> bool:
-        return State(self.state).is_active
+        return AlertState(self.state).is_active
 
-    def engine_state(self) -> engine.AlertState:
-        return engine.AlertState(
-            state=State(self.state),
+    def progress(self) -> lifecycle.Progress:
+        return lifecycle.Progress(
+            state=AlertState(self.state),
             value=self.value,
             active_at=self.active_at,
             fired_at=self.fired_at,
@@ -240,7 +273,7 @@ class Alert(models.Model):
             fired_times=tuple(datetime.fromtimestamp(t, tz=UTC) for t in self.fired_times or ()),
         )
 
-    def take(self, s: engine.AlertState) -> None:
+    def take(self, s: lifecycle.Progress) -> None:
         self.state = int(s.state)
         self.value = s.value
         self.active_at = s.active_at
@@ -257,9 +290,12 @@ class Alert(models.Model):
         JSON); an event's as it was sent."""
         if self.rule_id is None or self.rule is None:
             return dict(self.annotations)
+        # Imported here: evaluation imports this module.
         from controlplane.alerts.evaluation import render_annotations
 
-        return render_annotations(self.rule, self.labels, self.value, self.value_detail, State(self.state).is_active)
+        return render_annotations(
+            self.rule, self.labels, self.value, self.value_detail, AlertState(self.state).is_active
+        )
 
     def starts_at(self) -> datetime:
         return self.fired_at or self.active_at or self.state_changed_at
@@ -290,18 +326,30 @@ class AlertTransition(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.fingerprint} {State(self.from_state).label}→{State(self.to_state).label} at {self.at}"
+        return f"{self.fingerprint} {AlertState(self.from_state).label}→{AlertState(self.to_state).label} at {self.at}"
+
+    @staticmethod
+    def record(transitions: list[AlertTransition]) -> list[AlertTransition]:
+        """Store state changes (a copy another evaluator already stored is
+        dropped by the unique key) and tell live pages, after commit, that
+        these alerts changed: every state change is saved here."""
+        if transitions:
+            AlertTransition.objects.bulk_create(transitions, ignore_conflicts=True)
+            live.publish(live.Event.ALERTS_CHANGED, alert_ids=sorted({t.alert_id for t in transitions}))
+        return transitions
 
     @property
     def from_label(self) -> str:
-        return State(self.from_state).label
+        return AlertState(self.from_state).label
 
     @property
     def to_label(self) -> str:
-        return State(self.to_state).label
+        return AlertState(self.to_state).label
 
 
-class Receiver(models.Model):
+class Receiver(audit.Audited, models.Model):
+    audit_name = "alert_receiver"
+
     KIND_WEBHOOK = "webhook"
     KIND_EMAIL = "email"
     KIND_ALERTMANAGER = "alertmanager"
@@ -317,7 +365,9 @@ class Receiver(models.Model):
     bearer_token = models.CharField(max_length=500, blank=True, help_text="sent as Authorization: Bearer …")
     emails = models.JSONField(default=list, blank=True, help_text="email: the recipients")
     send_resolved = models.BooleanField(default=True)
-    max_alerts = models.PositiveIntegerField(default=0, help_text="webhook: at most this many alerts per message; 0: all")
+    max_alerts = models.PositiveIntegerField(
+        default=0, help_text="webhook: at most this many alerts per message; 0: all"
+    )
     is_default = models.BooleanField(default=False, help_text="takes the alerts that no route takes")
     enabled = models.BooleanField(default=True)
     last_forwarded_at = models.DateTimeField(null=True, blank=True, editable=False)
@@ -329,10 +379,17 @@ class Receiver(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    def audit_state(self) -> dict[str, Any]:
+        return audit.snapshot(self, fields=[f.name for f in self._meta.concrete_fields if f.name != "bearer_token"])
 
-class Route(models.Model):
+
+class Route(audit.Audited, models.Model):
+    audit_name = "alert_route"
+
     position = models.PositiveIntegerField(default=0, help_text="routes are tried in this order")
-    matchers = models.JSONField(default=list, blank=True, help_text='e.g. ["severity=\\"critical\\"", "pool=~\\"gpu-.*\\""]')
+    matchers = models.JSONField(
+        default=list, blank=True, help_text='e.g. ["severity=\\"critical\\"", "pool=~\\"gpu-.*\\""]'
+    )
     receiver = models.ForeignKey(Receiver, on_delete=models.CASCADE, related_name="routes")
     group_by = models.JSONField(default=list, blank=True, help_text='label names; ["..."]: every label; []: alertname')
     group_wait_seconds = models.FloatField(default=30.0)
@@ -378,7 +435,9 @@ class Delivery(models.Model):
     STATUS_CHOICES = [(PENDING, PENDING), (SENT, SENT), (FAILED, FAILED)]
 
     receiver = models.ForeignKey(Receiver, on_delete=models.CASCADE, related_name="deliveries")
-    group = models.ForeignKey(NotificationGroup, null=True, blank=True, on_delete=models.SET_NULL, related_name="deliveries")
+    group = models.ForeignKey(
+        NotificationGroup, null=True, blank=True, on_delete=models.SET_NULL, related_name="deliveries"
+    )
     reason = models.CharField(max_length=32, blank=True, help_text="why it was sent: first notification, repeat, ...")
     payload = models.JSONField()
     fingerprints = models.JSONField(default=list, help_text="the alerts it carries")
@@ -404,12 +463,16 @@ class SilenceQuerySet(models.QuerySet["Silence"]):
         return self.filter(starts_at__lte=now, ends_at__gt=now)
 
 
-class Silence(models.Model):
+class Silence(audit.Audited, models.Model):
+    audit_name = "silence"
+
     matchers = models.JSONField(help_text="Alertmanager's shape: [{name, value, isRegex, isEqual}]")
     starts_at = models.DateTimeField()
     ends_at = models.DateTimeField()
     created_by = models.CharField(max_length=150, help_text="the author")
-    author = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    author = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     comment = models.TextField()
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
@@ -418,7 +481,9 @@ class Silence(models.Model):
 
     class Meta:
         ordering = ["-ends_at", "-id"]
-        constraints = [models.CheckConstraint(condition=Q(ends_at__gte=models.F("starts_at")), name="silence_ends_after_start")]
+        constraints = [
+            models.CheckConstraint(condition=Q(ends_at__gte=models.F("starts_at")), name="silence_ends_after_start")
+        ]
 
     def __str__(self) -> str:
         return f"silence {self.pk}: {' '.join(str(m) for m in self.parsed_matchers())}"
@@ -439,6 +504,11 @@ class Silence(models.Model):
             return "pending"
         return "active" if now < self.ends_at else "expired"
 
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        super().save(*args, **kwargs)
+        # A silence changes what the alerts page and every page's banner show.
+        live.publish(live.Event.ALERTS_CHANGED, alert_ids=[])
+
     def expire(self, now: datetime) -> None:
         """End it now (Alertmanager's DELETE): an active one ends now, a
         pending one never starts."""
@@ -447,6 +517,12 @@ class Silence(models.Model):
         self.ends_at = min(self.ends_at, now)
         self.updated_at = now
         self.save(update_fields=["starts_at", "ends_at", "updated_at"])
+
+    def expire_by(self, actor: audit.Actor, now: datetime | None = None) -> None:
+        """``expire``, audited as ``silence.expire`` (the API's DELETE and the UI's button)."""
+        now = now or timezone.now()
+        with self.changing(actor, "expire", now=now):
+            self.expire(now)
 
     def audit_state(self) -> dict[str, Any]:
         return {
@@ -470,6 +546,8 @@ class InboundAlert(models.Model):
     group_key = models.CharField(max_length=500, blank=True)
     received_at = models.DateTimeField()
     outcome = models.CharField(max_length=300, blank=True)
+    ends_at = models.DateTimeField(null=True, blank=True)  # from the resolved notification
+    resolved_received_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-received_at", "-id"]

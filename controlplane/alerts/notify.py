@@ -34,13 +34,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
 from controlplane.alerts import conf, routing
-from controlplane.alerts.engine import State
 from controlplane.alerts.labels import fingerprint
+from controlplane.alerts.lifecycle import AlertState
 from controlplane.alerts.models import (
     Alert,
     AlertTransition,
@@ -103,7 +104,7 @@ def notify_event(
     woken on commit. Returns the alert row.
     """
     now = now or timezone.now()
-    ttl = conf.event_ttl_seconds() if ttl_seconds is None else float(ttl_seconds)
+    ttl = conf.ALERT_EVENT_TTL_SECONDS.get() if ttl_seconds is None else float(ttl_seconds)
     full = {str(k): str(v) for k, v in labels.items()}
     name = event or full.get("alertname")
     if not name:
@@ -117,22 +118,29 @@ def notify_event(
     summary = notes.get("summary", name)
     with transaction.atomic():
         alert = Alert.objects.select_for_update().filter(fingerprint=fp).first()
-        previous = State(alert.state) if alert is not None else State.INACTIVE
+        previous = AlertState(alert.state) if alert is not None else AlertState.INACTIVE
         if alert is None:
             alert = Alert(fingerprint=fp, source=Alert.SOURCE_EVENT, labels=full)
         alert.annotations = notes
         alert.expires_at = now + timedelta(seconds=ttl)
-        if previous != State.FIRING:
-            alert.state = State.FIRING
+        if previous != AlertState.FIRING:
+            alert.state = AlertState.FIRING
             alert.active_at = alert.fired_at = alert.state_changed_at = now
             alert.resolved_at = None
         alert.last_evaluated_at = now
         alert.save()
-        if previous != State.FIRING:
-            AlertTransition.objects.bulk_create(
-                [AlertTransition(alert=alert, fingerprint=fp, from_state=previous, to_state=State.FIRING,
-                                 reason=f"event: {summary}"[:200], at=now)],
-                ignore_conflicts=True,
+        if previous != AlertState.FIRING:
+            AlertTransition.record(
+                [
+                    AlertTransition(
+                        alert=alert,
+                        fingerprint=fp,
+                        from_state=previous,
+                        to_state=AlertState.FIRING,
+                        reason=f"event: {summary}"[:200],
+                        at=now,
+                    )
+                ],
             )
             _wake_dispatcher()
     return alert
@@ -141,21 +149,29 @@ def notify_event(
 def _expire_events(now: datetime) -> int:
     """Events past their expiry resolve (each a conditional update)."""
     expired = 0
-    for alert in Alert.objects.filter(source=Alert.SOURCE_EVENT, state=State.FIRING, expires_at__lte=now):
+    for alert in Alert.objects.filter(source=Alert.SOURCE_EVENT, state=AlertState.FIRING, expires_at__lte=now):
         ended = alert.expires_at or now
-        if Alert.objects.filter(pk=alert.pk, state=State.FIRING, expires_at=alert.expires_at).update(
-            state=State.RESOLVED, resolved_at=ended, state_changed_at=now
+        if Alert.objects.filter(pk=alert.pk, state=AlertState.FIRING, expires_at=alert.expires_at).update(
+            state=AlertState.RESOLVED, resolved_at=ended, state_changed_at=now
         ):
-            AlertTransition.objects.bulk_create(
-                [AlertTransition(alert=alert, fingerprint=alert.fingerprint, from_state=State.FIRING,
-                                 to_state=State.RESOLVED, reason="event expired", at=ended)],
-                ignore_conflicts=True,
+            AlertTransition.record(
+                [
+                    AlertTransition(
+                        alert=alert,
+                        fingerprint=alert.fingerprint,
+                        from_state=AlertState.FIRING,
+                        to_state=AlertState.RESOLVED,
+                        reason="event expired",
+                        at=ended,
+                    )
+                ],
             )
             expired += 1
     return expired
 
 
 def _wake_dispatcher() -> None:
+    # Imported here: tasks.py imports this module.
     from controlplane.alerts import tasks
 
     tasks.enqueue_dispatch()
@@ -165,12 +181,12 @@ def _wake_dispatcher() -> None:
 
 
 def to_out(alert: Alert) -> OutAlert:
-    state = State(alert.state)
+    state = AlertState(alert.state)
     annotations = alert.live_annotations()
     for key in ("dashboard_url", "runbook_url"):
         if annotations.get(key, "").startswith("/"):  # a page of this UI: absolute for the receiver
-            annotations[key] = conf.external_url() + annotations[key]
-    if state == State.NODATA:
+            annotations[key] = _external_url() + annotations[key]
+    if state == AlertState.NODATA:
         annotations["nodata"] = "the figure has no data; the rule counts that as its own state"
     return OutAlert(
         fingerprint=alert.fingerprint,
@@ -179,7 +195,7 @@ def to_out(alert: Alert) -> OutAlert:
         status="firing" if state.is_notified else "resolved",
         starts_at=alert.starts_at(),
         ends_at=None if state.is_notified else (alert.resolved_at or alert.state_changed_at),
-        generator_url=f"{conf.external_url()}/alerts/{alert.pk}/",
+        generator_url=f"{_external_url()}/alerts/{alert.pk}/",
     )
 
 
@@ -189,17 +205,22 @@ def route_specs(receivers: Mapping[int, Receiver]) -> tuple[list[RouteSpec], lis
         receiver = receivers.get(route.receiver_id)
         if receiver is None or receiver.kind == Receiver.KIND_ALERTMANAGER:
             continue
-        routes.append(RouteSpec(
-            receiver=receiver.name,
-            matchers=tuple(route.parsed_matchers()),
-            group_by=tuple(route.group_by) or ("alertname",),
-            group_wait_seconds=route.group_wait_seconds,
-            group_interval_seconds=route.group_interval_seconds,
-            repeat_interval_seconds=route.repeat_interval_seconds,
-            continue_matching=route.continue_matching,
-        ))
-    roots = [RouteSpec(receiver=r.name, is_root=True) for r in receivers.values()
-             if r.is_default and r.kind != Receiver.KIND_ALERTMANAGER]
+        routes.append(
+            RouteSpec(
+                receiver=receiver.name,
+                matchers=tuple(route.parsed_matchers()),
+                group_by=tuple(route.group_by) or ("alertname",),
+                group_wait_seconds=route.group_wait_seconds,
+                group_interval_seconds=route.group_interval_seconds,
+                repeat_interval_seconds=route.repeat_interval_seconds,
+                continue_matching=route.continue_matching,
+            )
+        )
+    roots = [
+        RouteSpec(receiver=r.name, is_root=True)
+        for r in receivers.values()
+        if r.is_default and r.kind != Receiver.KIND_ALERTMANAGER
+    ]
     return routes, roots
 
 
@@ -212,10 +233,13 @@ class DispatchResult:
 
 
 def notifiable_alerts(now: datetime) -> list[Alert]:
-    retention = now - timedelta(seconds=conf.resolved_retention_seconds())
-    return list(Alert.objects.filter(
-        Q(state__in=[State.FIRING, State.NODATA]) | Q(state=State.RESOLVED, resolved_at__gte=retention)
-    ).select_related("rule"))
+    retention = now - timedelta(seconds=conf.ALERT_RESOLVED_RETENTION_SECONDS.get())
+    return list(
+        Alert.objects.filter(
+            Q(state__in=[AlertState.FIRING, AlertState.NODATA])
+            | Q(state=AlertState.RESOLVED, resolved_at__gte=retention)
+        ).select_related("rule")
+    )
 
 
 def dispatch(now: datetime | None = None) -> DispatchResult:
@@ -241,13 +265,15 @@ def dispatch(now: datetime | None = None) -> DispatchResult:
         # Deliveries due a retry whose task was lost (a worker died) go again.
         result.deliveries += list(
             Delivery.objects.filter(status=Delivery.PENDING, next_attempt_at__lte=now)
-            .exclude(pk__in=result.deliveries).values_list("pk", flat=True)
+            .exclude(pk__in=result.deliveries)
+            .values_list("pk", flat=True)
         )
     return result
 
 
-def _flush_groups(groups: dict[tuple[str, str], routing.Group], receivers: Mapping[str, Receiver],
-                  now: datetime) -> list[int]:
+def _flush_groups(
+    groups: dict[tuple[str, str], routing.Group], receivers: Mapping[str, Receiver], now: datetime
+) -> list[int]:
     rows = {(g.receiver_id, g.group_key): g for g in NotificationGroup.objects.select_related("in_flight")}
     out: list[int] = []
     seen: set[tuple[int, str]] = set()
@@ -259,7 +285,10 @@ def _flush_groups(groups: dict[tuple[str, str], routing.Group], receivers: Mappi
             if not group.firing:
                 continue  # a group is born of a firing alert
             row = NotificationGroup.objects.create(
-                receiver=receiver, group_key=key, group_labels=group.labels, created_at=now,
+                receiver=receiver,
+                group_key=key,
+                group_labels=group.labels,
+                created_at=now,
                 next_flush_at=now + timedelta(seconds=group.route.group_wait_seconds),
             )
         if now < row.next_flush_at:
@@ -273,10 +302,17 @@ def _flush_groups(groups: dict[tuple[str, str], routing.Group], receivers: Mappi
         resolved = frozenset(a.fingerprint for a in alerts if a.status == "resolved")
         last = None
         if row.last_notified_at is not None:
-            last = routing.LastNotice(row.last_notified_at, frozenset(row.notified_firing),
-                                      frozenset(row.notified_resolved))
-        reason = routing.needs_update(last, firing, resolved, now=now, send_resolved=receiver.send_resolved,
-                                      repeat_interval_seconds=group.route.repeat_interval_seconds)
+            last = routing.LastNotice(
+                row.last_notified_at, frozenset(row.notified_firing), frozenset(row.notified_resolved)
+            )
+        reason = routing.needs_update(
+            last,
+            firing,
+            resolved,
+            now=now,
+            send_resolved=receiver.send_resolved,
+            repeat_interval_seconds=group.route.repeat_interval_seconds,
+        )
         row.next_flush_at = now + timedelta(seconds=group.route.group_interval_seconds)
         fields = ["next_flush_at"]
         if reason != routing.Reason.NONE:
@@ -286,12 +322,19 @@ def _flush_groups(groups: dict[tuple[str, str], routing.Group], receivers: Mappi
                 row.last_notified_at, row.notified_firing, row.notified_resolved = now, [], sorted(resolved)
                 fields += ["last_notified_at", "notified_firing", "notified_resolved"]
             else:
-                message = routing.webhook_message(receiver.name, key, group.labels, shown, conf.external_url(),
-                                                  receiver.max_alerts)
+                message = routing.webhook_message(
+                    receiver.name, key, group.labels, shown, _external_url(), receiver.max_alerts
+                )
                 delivery = Delivery.objects.create(
-                    receiver=receiver, group=row, reason=reason.value, payload=message,
-                    fingerprints=[a.fingerprint for a in shown], firing=sorted(firing),
-                    resolved=sorted(resolved), next_attempt_at=now, created_at=now,
+                    receiver=receiver,
+                    group=row,
+                    reason=reason.value,
+                    payload=message,
+                    fingerprints=[a.fingerprint for a in shown],
+                    firing=sorted(firing),
+                    resolved=sorted(resolved),
+                    next_attempt_at=now,
+                    created_at=now,
                 )
                 row.in_flight = delivery
                 fields.append("in_flight")
@@ -299,8 +342,10 @@ def _flush_groups(groups: dict[tuple[str, str], routing.Group], receivers: Mappi
         row.save(update_fields=fields)
     # Groups with nothing left in them: forget those the receiver holds nothing of.
     stale = [
-        r.pk for ident, r in rows.items()
-        if ident not in seen and r.next_flush_at <= now
+        r.pk
+        for ident, r in rows.items()
+        if ident not in seen
+        and r.next_flush_at <= now
         and (r.in_flight is None or r.in_flight.status != Delivery.PENDING)
     ]
     if stale:
@@ -313,8 +358,8 @@ def _forward(receivers: Mapping[int, Receiver], alerts: list[Alert], now: dateti
     forwarders = [r for r in receivers.values() if r.kind == Receiver.KIND_ALERTMANAGER]
     if not forwarders:
         return []
-    resend = conf.forward_resend_seconds()
-    ends_at = now + timedelta(seconds=4 * max(resend, conf.eval_interval_seconds()))
+    resend = conf.ALERT_FORWARD_RESEND_SECONDS.get()
+    ends_at = now + timedelta(seconds=4 * max(resend, conf.ALERT_EVAL_INTERVAL.get()))
     out = []
     for receiver in forwarders:
         last = receiver.last_forwarded_at
@@ -323,10 +368,14 @@ def _forward(receivers: Mapping[int, Receiver], alerts: list[Alert], now: dateti
             continue
         body = [routing.postable(to_out(a), ends_at) for a in alerts]
         delivery = Delivery.objects.create(
-            receiver=receiver, reason="forward", payload=body, fingerprints=[a.fingerprint for a in alerts],
-            firing=sorted(a.fingerprint for a in alerts if State(a.state).is_notified),
-            resolved=sorted(a.fingerprint for a in alerts if a.state == State.RESOLVED),
-            next_attempt_at=now, created_at=now,
+            receiver=receiver,
+            reason="forward",
+            payload=body,
+            fingerprints=[a.fingerprint for a in alerts],
+            firing=sorted(a.fingerprint for a in alerts if AlertState(a.state).is_notified),
+            resolved=sorted(a.fingerprint for a in alerts if a.state == AlertState.RESOLVED),
+            next_attempt_at=now,
+            created_at=now,
         )
         Receiver.objects.filter(pk=receiver.pk).update(last_forwarded_at=now)
         out.append(delivery.pk)
@@ -348,7 +397,7 @@ def deliver(delivery_id: int, now: datetime | None = None) -> Attempt | None:
     """Send one delivery if it is due. Returns what happened, or None when
     there was nothing to do (sent already, not due, or another worker holds it)."""
     now = now or timezone.now()
-    lease = timedelta(seconds=conf.delivery_timeout_seconds() + 30)
+    lease = timedelta(seconds=conf.ALERT_DELIVERY_TIMEOUT_SECONDS.get() + 30)
     claimed = Delivery.objects.filter(pk=delivery_id, status=Delivery.PENDING, next_attempt_at__lte=now).update(
         next_attempt_at=now + lease, num_attempts=F("num_attempts") + 1
     )
@@ -377,21 +426,36 @@ def _record(delivery: Delivery, done: datetime, error: str) -> Attempt:
             group = delivery.group
             if group is not None:
                 NotificationGroup.objects.filter(pk=group.pk).update(
-                    last_notified_at=done, notified_firing=delivery.firing, notified_resolved=delivery.resolved,
+                    last_notified_at=done,
+                    notified_firing=delivery.firing,
+                    notified_resolved=delivery.resolved,
                     in_flight=None,
                 )
             return Attempt(delivery.pk, True)
         delivery.last_error = error[:500]
-        alerts.update(num_delivery_failures=F("num_delivery_failures") + 1,
-                      last_delivery_error=f"{delivery.receiver.name}: {error}"[:500], last_delivery_error_at=done)
-        if delivery.num_attempts >= conf.delivery_max_attempts():
+        alerts.update(
+            num_delivery_failures=F("num_delivery_failures") + 1,
+            last_delivery_error=f"{delivery.receiver.name}: {error}"[:500],
+            last_delivery_error_at=done,
+        )
+        if delivery.num_attempts >= conf.ALERT_DELIVERY_MAX_ATTEMPTS.get():
             delivery.status = Delivery.FAILED
             delivery.save(update_fields=["status", "last_error", "attempts"])
             if delivery.group_id is not None:
                 # The log did not move: the next look at the group tries afresh.
                 NotificationGroup.objects.filter(pk=delivery.group_id, in_flight=delivery).update(in_flight=None)
             return Attempt(delivery.pk, False, error)
-        wait = conf.delivery_backoff_seconds(delivery.num_attempts)
+        wait = _backoff_seconds(delivery.num_attempts)
         delivery.next_attempt_at = done + timedelta(seconds=wait)
         delivery.save(update_fields=["last_error", "attempts", "next_attempt_at"])
         return Attempt(delivery.pk, False, error, retry_in_seconds=wait)
+
+
+def _backoff_seconds(num_attempts: int) -> float:
+    """Before attempt ``num_attempts + 1``: 2 s, 4 s, 8 s ... capped at 5 minutes."""
+    base = conf.ALERT_DELIVERY_BACKOFF_SECONDS.get()
+    return float(min(base * (2 ** max(num_attempts - 1, 0)), 300.0))
+
+
+def _external_url() -> str:
+    return str(settings.EXTERNAL_URL).rstrip("/")

@@ -9,9 +9,9 @@ from datetime import datetime, timedelta
 
 from django.db.models import Model, QuerySet
 
-from controlplane.alerts.engine import State
+from controlplane.alerts import conf
+from controlplane.alerts.lifecycle import AlertState
 from controlplane.alerts.models import Alert, AlertTransition, Delivery, InboundAlert
-from controlplane.conf import setting
 
 BATCH_SIZE = 5000
 
@@ -26,15 +26,21 @@ def _delete_in_batches(qs: QuerySet[Model]) -> int:
 
 
 def purge(now: datetime) -> dict[str, int]:
-    history = now - timedelta(days=setting("ALERT_HISTORY_RETENTION_DAYS", 30.0))
-    deliveries = now - timedelta(days=setting("ALERT_DELIVERY_RETENTION_DAYS", 7.0))
+    history = now - timedelta(days=conf.ALERT_HISTORY_RETENTION_DAYS.get())
+    deliveries = now - timedelta(days=conf.ALERT_DELIVERY_RETENTION_DAYS.get())
     return {
         "transitions": _delete_in_batches(AlertTransition.objects.filter(at__lt=history)),
         # Alerts quiet since before the horizon (their remaining transitions go with them).
-        "alerts": _delete_in_batches(Alert.objects.filter(
-            state__lte=State.RESOLVED, state_changed_at__lt=history, nodata_since__isnull=True,
-            keep_firing_since__isnull=True)),
-        "deliveries": _delete_in_batches(Delivery.objects.filter(
-            status__in=[Delivery.SENT, Delivery.FAILED], created_at__lt=deliveries)),
+        "alerts": _delete_in_batches(
+            Alert.objects.filter(
+                state__lte=AlertState.RESOLVED,
+                state_changed_at__lt=history,
+                nodata_since__isnull=True,
+                keep_firing_since__isnull=True,
+            )
+        ),
+        "deliveries": _delete_in_batches(
+            Delivery.objects.filter(status__in=[Delivery.SENT, Delivery.FAILED], created_at__lt=deliveries)
+        ),
         "inbound": _delete_in_batches(InboundAlert.objects.filter(received_at__lt=history)),
     }

@@ -265,8 +265,9 @@ class Group:
         return frozenset(a.fingerprint for a in self.alerts if a.status == "resolved")
 
 
-def group_alerts(routes: Sequence[RouteSpec], roots: Sequence[RouteSpec],
-                 alerts: Iterable[OutAlert]) -> dict[tuple[str, str], Group]:
+def group_alerts(
+    routes: Sequence[RouteSpec], roots: Sequence[RouteSpec], alerts: Iterable[OutAlert]
+) -> dict[tuple[str, str], Group]:
     """Alerts sorted into groups, keyed (receiver, group key)."""
     groups: dict[tuple[str, str], Group] = {}
     for alert in alerts:

@@ -26,6 +26,11 @@ from datetime import datetime
 from typing import Any
 
 from controlplane.alerts.labels import Matcher, matches_all
+from controlplane.fleet.health import WorkerState
+from controlplane.fleet.models import Worker
+from controlplane.gateway.models import RoutingPool
+from controlplane.metrics import figures, reader
+from controlplane.metrics.query import NO_COHORT, NO_POOL
 
 WORKER_MISSING = "worker_missing"
 PROFILE_DRIFT = "profile_drift_seconds"
@@ -42,11 +47,15 @@ class FleetFigure:
 
 FLEET_FIGURES: dict[str, FleetFigure] = {
     WORKER_MISSING: FleetFigure(
-        WORKER_MISSING, "Workers missing", "workers",
+        WORKER_MISSING,
+        "Workers missing",
+        "workers",
         "Workers that missed heartbeats (unhealthy or offline): 1 or 0 per worker, the count per group.",
     ),
     PROFILE_DRIFT: FleetFigure(
-        PROFILE_DRIFT, "Profile drift", "s",
+        PROFILE_DRIFT,
+        "Profile drift",
+        "s",
         "How long a worker has not run the profile revision it should (0 when in step); the longest per group.",
     ),
 }
@@ -54,15 +63,11 @@ SELECTOR_KEYS = ("pool", "cohort", "worker", "labels")
 
 
 def figure_names() -> list[str]:
-    from controlplane.metrics import figures
-
     return [*figures.FIGURES, *FLEET_FIGURES]
 
 
 def figure_info(name: str) -> dict[str, str] | None:
     """Label, unit and description of a figure, or None if there is none by that name."""
-    from controlplane.metrics import figures
-
     if name in FLEET_FIGURES:
         f = FLEET_FIGURES[name]
         return {"name": f.name, "label": f.label, "unit": f.unit, "description": f.description, "source": "fleet"}
@@ -71,8 +76,6 @@ def figure_info(name: str) -> dict[str, str] | None:
 
 
 def group_by_choices(name: str) -> tuple[str, ...]:
-    from controlplane.metrics import figures
-
     if name in FLEET_FIGURES:
         return FLEET_GROUP_BY
     figure = figures.FIGURES.get(name)
@@ -118,19 +121,26 @@ class RuleQuery:
         )
 
 
+@dataclass(frozen=True)
+class FleetWorker:
+    name: str
+    pool: str | None
+    labels: dict[str, Any]
+    state: int
+    drift_since: datetime | None
+
+
 class Fleet:
     """The fleet as alerting needs it, read once per cycle: each worker's
     pool, labels, whether it is missing and since when it drifts, and each
     pool's routing (table and role)."""
 
     def __init__(self, now: datetime):
-        from controlplane.fleet.models import Worker
-        from controlplane.gateway.models import RoutingPool
-
         self.now = now
-        self.workers = list(
-            Worker.objects.values_list("name", "pool__name", "labels", "state", "drift_since")
-        )
+        self.workers = [
+            FleetWorker(*row)
+            for row in Worker.objects.values_list("name", "pool__name", "labels", "state", "drift_since")
+        ]
         self.routes: dict[str, list[tuple[int, str]]] = defaultdict(list)  # pool → [(table, role)]
         self.tables: dict[int, dict[str, str]] = defaultdict(dict)  # table → role → pool
         for table_id, pool, role in RoutingPool.objects.values_list("table_id", "pool__name", "role"):
@@ -138,7 +148,7 @@ class Fleet:
             self.tables[table_id][role] = pool
 
     def worker_labels(self) -> dict[str, dict[str, str]]:
-        return {name: {str(k): str(v) for k, v in (labels or {}).items()} for name, _, labels, _, _ in self.workers}
+        return {w.name: {str(k): str(v) for k, v in (w.labels or {}).items()} for w in self.workers}
 
     def role_of(self, pool: str | None) -> str:
         routes = self.routes.get(pool or "")
@@ -161,12 +171,16 @@ def _group_labels(group_by: str, group: str) -> dict[str, str]:
 
 
 def _fleet_samples(q: RuleQuery, fleet: Fleet) -> list[Sample]:
-    from controlplane.fleet.health import State as WorkerState
-    from controlplane.metrics.query import NO_COHORT, NO_POOL
-
     label_matchers = [Matcher(k, "=", v) for k, v in q.worker_labels.items()]
     per_group: dict[str, list[float]] = defaultdict(list)
-    for name, pool, labels, state, drift_since in fleet.workers:
+    for worker in fleet.workers:
+        name, pool, labels, state, drift_since = (
+            worker.name,
+            worker.pool,
+            worker.labels,
+            worker.state,
+            worker.drift_since,
+        )
         cohort = fleet.role_of(pool)
         if q.selector.get("worker") and q.selector["worker"] != name:
             continue
@@ -190,8 +204,6 @@ def _fleet_samples(q: RuleQuery, fleet: Fleet) -> list[Sample]:
 
 
 def _key(q: RuleQuery, group_by: str, selector: Mapping[str, str]) -> tuple[Any, ...]:
-    from controlplane.metrics import figures
-
     source = figures.FIGURES[q.figure].source
     return (source, q.window_seconds, group_by, tuple(sorted(selector.items())))
 
@@ -199,9 +211,6 @@ def _key(q: RuleQuery, group_by: str, selector: Mapping[str, str]) -> tuple[Any,
 def sample_all(queries: Sequence[RuleQuery], now: datetime, fleet: Fleet | None = None) -> dict[int, list[Sample]]:
     """Every rule's samples at ``now``, reading each distinct data set once.
     A rule whose query fails gets the exception instead of samples."""
-    from controlplane.alerts import reader
-    from controlplane.metrics import figures
-
     fleet = fleet or Fleet(now)
     out: dict[int, Any] = {}
 
@@ -220,8 +229,11 @@ def sample_all(queries: Sequence[RuleQuery], now: datetime, fleet: Fleet | None 
         needs[q.rule_id] = key
 
     # Then read, each stored window once (see reader).
-    peak_windows = {key[1] for key, names in plans.items()
-                    if key[0] == "scrape" and any(figures.FIGURES[n].needs_peak_memory for n in names)}
+    peak_windows = {
+        key[1]
+        for key, names in plans.items()
+        if key[0] == "scrape" and any(figures.FIGURES[n].needs_peak_memory for n in names)
+    }
     request_windows = [key[1] for key in plans if key[0] == "requests"]
     data = reader.Reader(now, peak_windows=peak_windows, request_window=max(request_windows, default=0.0))
     results: dict[tuple[Any, ...], Any] = {}
@@ -229,7 +241,7 @@ def sample_all(queries: Sequence[RuleQuery], now: datetime, fleet: Fleet | None 
         _, window, group_by, selector = key
         try:
             results[key] = data.read(sorted(names), window, group_by, dict(selector))
-        except Exception as exc:  # a bad query fails its rules, not the cycle
+        except Exception as exc:  # noqa: BLE001 - a bad query fails its rules, not the cycle
             results[key] = exc
 
     # Last, shape each rule's samples.

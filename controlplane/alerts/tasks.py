@@ -13,7 +13,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from controlplane.alerts import conf
+from controlplane.alerts import conf, evaluation, killswitch, notify, retention
 from controlplane.celery import app
 
 log = logging.getLogger(__name__)
@@ -21,8 +21,6 @@ log = logging.getLogger(__name__)
 
 @app.task(name="alerts.evaluate")
 def evaluate() -> dict[str, Any]:
-    from controlplane.alerts import evaluation, killswitch
-
     result = evaluation.evaluate(timezone.now())
     pulled = killswitch.pull_all(timezone.now())
     if result.errors:
@@ -38,19 +36,18 @@ def evaluate() -> dict[str, Any]:
 
 @app.task(name="alerts.dispatch")
 def dispatch() -> dict[str, int]:
-    from controlplane.alerts import notify
-
     result = notify.dispatch(timezone.now())
     for delivery_id in result.deliveries:
         deliver.delay(delivery_id)
-    return {"num_groups": result.num_groups, "num_deliveries": len(result.deliveries),
-            "num_silenced": result.num_silenced}
+    return {
+        "num_groups": result.num_groups,
+        "num_deliveries": len(result.deliveries),
+        "num_silenced": result.num_silenced,
+    }
 
 
 @app.task(name="alerts.deliver")
 def deliver(delivery_id: int) -> dict[str, Any] | None:
-    from controlplane.alerts import notify
-
     attempt = notify.deliver(delivery_id, timezone.now())
     if attempt is None:
         return None
@@ -61,8 +58,6 @@ def deliver(delivery_id: int) -> dict[str, Any] | None:
 
 @app.task(name="alerts.purge")
 def purge() -> dict[str, int]:
-    from controlplane.alerts import retention
-
     return retention.purge(timezone.now())
 
 
@@ -74,10 +69,15 @@ def enqueue_dispatch() -> None:
 @app.on_after_finalize.connect
 def schedule(sender: Any, **kwargs: Any) -> None:
     sender.add_periodic_task(
-        conf.eval_interval_seconds(), evaluate.s(), name="alert rule evaluation", expires=conf.eval_interval_seconds()
+        conf.ALERT_EVAL_INTERVAL.get(),
+        evaluate.s(),
+        name="alert rule evaluation",
+        expires=conf.ALERT_EVAL_INTERVAL.get(),
     )
     sender.add_periodic_task(
-        conf.dispatch_interval_seconds(), dispatch.s(), name="alert notification dispatch",
-        expires=conf.dispatch_interval_seconds(),
+        conf.ALERT_DISPATCH_INTERVAL.get(),
+        dispatch.s(),
+        name="alert notification dispatch",
+        expires=conf.ALERT_DISPATCH_INTERVAL.get(),
     )
     sender.add_periodic_task(3600.0, purge.s(), name="alert history retention", expires=3600.0)

@@ -1,6 +1,6 @@
 from django.urls import URLPattern, URLResolver, path
-from rest_framework.routers import SimpleRouter
 
+from controlplane.accounts.inputs import ApiRouter
 from controlplane.alerts.api import (
     AlertRuleViewSet,
     AlertViewSet,
@@ -10,7 +10,7 @@ from controlplane.alerts.api import (
     SilenceViewSet,
 )
 
-router = SimpleRouter()
+router = ApiRouter()
 router.register("alerts", AlertViewSet, basename="alert")
 router.register("alert-rules", AlertRuleViewSet, basename="alert-rule")
 router.register("silences", SilenceViewSet, basename="silence")

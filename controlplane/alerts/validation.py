@@ -12,8 +12,10 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from controlplane.alerts import engine, sources
+from controlplane.alerts import lifecycle, sources
 from controlplane.alerts.labels import ALERT_NAME, MatcherError, coerce_matcher, label_errors
+from controlplane.alerts.models import ACTION_ABORT, ACTION_CHOICES, SEVERITIES
+from controlplane.fleet.pools import ROLES
 
 MAX_WINDOW_SECONDS = 14 * 86400.0  # the metrics' rollup retention
 MIN_WINDOW_SECONDS = 10.0
@@ -33,12 +35,14 @@ def _finite(value: Any) -> bool:
 
 
 def rule_errors(rule: Any) -> Errors:
-    from controlplane.alerts.models import ACTION_ABORT, ACTION_CHOICES, SEVERITIES
-
     errors: Errors = {}
     if not isinstance(rule.name, str) or not ALERT_NAME.match(rule.name or ""):
-        _add(errors, "name", "a name is letters, digits and underscores, not starting with a digit "
-                             "(it becomes the alertname label), e.g. CanaryTTFTRegression.")
+        _add(
+            errors,
+            "name",
+            "a name is letters, digits and underscores, not starting with a digit "
+            "(it becomes the alertname label), e.g. CanaryTTFTRegression.",
+        )
 
     # The figure, and how it may be grouped.
     info = sources.figure_info(rule.figure or "")
@@ -70,8 +74,8 @@ def rule_errors(rule: Any) -> Errors:
     # The window, the comparison and the timings.
     if not _finite(rule.window_seconds) or not (MIN_WINDOW_SECONDS <= rule.window_seconds <= MAX_WINDOW_SECONDS):
         _add(errors, "window_seconds", f"between {MIN_WINDOW_SECONDS:g} s and 14 days.")
-    if rule.comparator not in engine.COMPARATORS:
-        _add(errors, "comparator", f"one of {' '.join(engine.COMPARATORS)}.")
+    if rule.comparator not in lifecycle.COMPARATORS:
+        _add(errors, "comparator", f"one of {' '.join(lifecycle.COMPARATORS)}.")
     if not _finite(rule.threshold):
         _add(errors, "threshold", "a finite number.")
     elif info is not None:
@@ -84,8 +88,8 @@ def rule_errors(rule: Any) -> Errors:
         value = getattr(rule, field)
         if not _finite(value) or not (0 <= value <= MAX_HOLD_SECONDS):
             _add(errors, field, "between 0 and 7 days.")
-    if rule.no_data_state not in {n.value for n in engine.NoData}:
-        _add(errors, "no_data_state", f"one of {', '.join(n.value for n in engine.NoData)}.")
+    if rule.no_data_state not in {n.value for n in lifecycle.NoData}:
+        _add(errors, "no_data_state", f"one of {', '.join(n.value for n in lifecycle.NoData)}.")
     if rule.severity not in SEVERITIES:
         _add(errors, "severity", f"one of {', '.join(SEVERITIES)}.")
 
@@ -126,8 +130,6 @@ def rule_errors(rule: Any) -> Errors:
 
 
 def _roles() -> tuple[str, ...]:
-    from controlplane.gateway.cohort import ROLES
-
     return ROLES
 
 
@@ -145,15 +147,19 @@ def matcher_errors(matchers: Any, field: str = "matchers", *, required: bool = F
     return errors
 
 
-def silence_errors(matchers: Any, starts_at: datetime | None, ends_at: datetime | None, comment: str,
-                   now: datetime, *, creating: bool) -> Errors:
+def silence_errors(
+    matchers: Any, starts_at: datetime | None, ends_at: datetime | None, comment: str, now: datetime, *, creating: bool
+) -> Errors:
     errors = matcher_errors(matchers, required=True)
     if isinstance(matchers, list) and matchers and "matchers" not in errors:
         parsed = [coerce_matcher(m) for m in matchers]
         # Alertmanager refuses a silence that would match every alert.
         if all(m.matches({}) for m in parsed):
-            _add(errors, "matchers", "these matchers match every alert (each matches an empty label); "
-                                     "name at least one label value.")
+            _add(
+                errors,
+                "matchers",
+                "these matchers match every alert (each matches an empty label); name at least one label value.",
+            )
     if starts_at is None:
         _add(errors, "starts_at", "required.")
     if ends_at is None:
@@ -190,5 +196,9 @@ def route_errors(matchers: Any, group_by: Any, timings: Mapping[str, Any]) -> Er
             _add(errors, field, "a positive number of seconds.")
     if _finite(timings.get("repeat_interval_seconds")) and _finite(timings.get("group_interval_seconds")):
         if timings["repeat_interval_seconds"] < timings["group_interval_seconds"]:
-            _add(errors, "repeat_interval_seconds", "at least the group interval (notifications are sent at group intervals).")
+            _add(
+                errors,
+                "repeat_interval_seconds",
+                "at least the group interval (notifications are sent at group intervals).",
+            )
     return errors

@@ -13,9 +13,13 @@ Django loads its apps, before models may be.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+from django.db import transaction
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
@@ -64,6 +68,7 @@ def record(
     """
     from django.utils import timezone
 
+    # Imported here: this package is imported while Django loads its apps, before models may be.
     from controlplane.audit.models import AuditEvent
 
     user: Any = None
@@ -112,4 +117,56 @@ def snapshot(obj: Model, fields: list[str] | None = None) -> dict[str, Any]:
     return data
 
 
-__all__ = ["record", "snapshot", "Subject", "SYSTEM"]
+Actor = Any  # request.user, a string naming an automatic actor, or None (system): see ``record``
+A = TypeVar("A", bound="Audited")
+
+
+class Audited:
+    """For a model whose rows are created, edited and deleted as a whole, each
+    write with its audit row ("<audit_name>.create" / ".update" / ".delete") in
+    the same transaction. ``audit_state()`` is what a row records (the
+    concrete fields, secrets left out, unless the model says otherwise)."""
+
+    audit_name: ClassVar[str] = ""
+
+    def audit_state(self) -> dict[str, Any]:
+        return snapshot(self)  # type: ignore[arg-type]
+
+    @contextlib.contextmanager
+    def changing(self, actor: Actor, verb: str | None = None, *, now: datetime | None = None) -> Iterator[None]:
+        """The writes inside the block are one change: ``before`` is the row
+        as stored when the block starts (so changes already made to the
+        instance in memory, as a bound form makes them, count), ``after`` the
+        instance when it ends. ``verb`` defaults to create for a new row."""
+        model: Any = self
+        with transaction.atomic():
+            adding = model._state.adding
+            before = None if adding else type(model)._default_manager.get(pk=model.pk).audit_state()
+            yield
+            record(
+                actor,
+                f"{self.audit_name}.{verb or ('create' if adding else 'update')}",
+                model,
+                before,
+                self.audit_state(),
+                time=now,
+            )
+
+    def save_audited(self, actor: Actor, *, now: datetime | None = None) -> None:
+        with self.changing(actor, now=now):
+            self.save()  # type: ignore[attr-defined]
+
+    @classmethod
+    def create_audited(cls: type[A], actor: Actor, **fields: Any) -> A:
+        row = cls(**fields)
+        row.save_audited(actor)
+        return row
+
+    def delete_audited(self, actor: Actor) -> None:
+        model: Any = self
+        with transaction.atomic():
+            record(actor, f"{self.audit_name}.delete", model, self.audit_state(), None)
+            model.delete()
+
+
+__all__ = ["record", "snapshot", "Subject", "SYSTEM", "Audited", "Actor"]

@@ -1,27 +1,37 @@
-"""The audit log over the API (read-only), and the viewset base that makes
-every mutating call of a resource write its audit row."""
+"""The audit log over the API (read-only), and the serializer and viewset
+bases through which every write of a resource is the model's audited write."""
 
 from __future__ import annotations
 
+from datetime import UTC
 from typing import Any
 
-from django.db import transaction
 from django.db.models import QuerySet
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import serializers, viewsets
-from rest_framework.serializers import BaseSerializer
 
-from controlplane import audit
+from controlplane.accounts.inputs import StrictModelSerializer
 from controlplane.audit.models import AuditEvent
 
 
-class AuditEventSerializer(serializers.ModelSerializer):
+class AuditEventSerializer(StrictModelSerializer):
     actor = serializers.CharField(source="actor_repr", read_only=True)
     actor_id = serializers.IntegerField(read_only=True, allow_null=True)
 
     class Meta:
         model = AuditEvent
-        fields = ["id", "time", "actor", "actor_id", "action", "object_type", "object_id", "object_repr", "before", "after"]
+        fields = [
+            "id",
+            "time",
+            "actor",
+            "actor_id",
+            "action",
+            "object_type",
+            "object_id",
+            "object_repr",
+            "before",
+            "after",
+        ]
         read_only_fields = fields
 
 
@@ -61,45 +71,62 @@ class AuditEventViewSet(viewsets.ReadOnlyModelViewSet):
         if since := params.get("since"):
             from django.utils.dateparse import parse_datetime
 
-            when = parse_datetime(since)
+            try:
+                when = parse_datetime(since)
+                if when is not None and when.tzinfo is not None:
+                    when.astimezone(UTC)  # year 1 at +14:00 is no datetime in UTC
+            except (ValueError, OverflowError):
+                when = None
             if when is None:
                 raise serializers.ValidationError({"since": ["not an ISO 8601 date-time."]})
             qs = qs.filter(time__gte=when)
         return qs
 
 
-class AuditedMixin:
-    """Makes a viewset's create, update and destroy each write one audit row
-    ("<audit_name>.create" etc.) in the same transaction as the change.
+class AuditedSerializer(StrictModelSerializer):
+    """Creates and updates through the model's audited writes (``audit.Audited``),
+    as the request's user: the audit row is the model's business, not the API's.
+    A serializer with a workflow of its own overrides ``create``/``update``
+    with the model method that does it (``Profile.objects.create_with_revision``)."""
 
-    Subclasses set ``audit_name`` and may override ``audit_snapshot``; custom
-    actions call ``self.audit(verb, obj, before, after)``."""
+    def actor(self) -> Any:
+        return self.context["request"].user
+
+    def create(self, validated: dict[str, Any]) -> Any:
+        return self.Meta.model.create_audited(self.actor(), **validated)
+
+    def update(self, instance: Any, validated: dict[str, Any]) -> Any:
+        with instance.changing(self.actor()):
+            self.apply(instance, validated)
+        return instance
+
+    def apply(self, instance: Any, validated: dict[str, Any]) -> None:
+        """An update's writes, inside its one audited change."""
+        for name, value in validated.items():
+            setattr(instance, name, value)
+        instance.save()
+
+
+class AuditedMixin:
+    """A viewset whose writes are audited by the model: its serializer is an
+    ``AuditedSerializer`` (create, update) and destroy is ``delete_audited``."""
 
     request: Any
 
-    audit_name = ""
+    def perform_create(self, serializer: serializers.BaseSerializer) -> None:
+        _audited(serializer).save()
 
-    def audit_snapshot(self, obj: Any) -> dict[str, Any]:
-        return audit.snapshot(obj)
-
-    def audit(self, verb: str, obj: Any, before: dict[str, Any] | None, after: dict[str, Any] | None) -> None:
-        audit.record(self.request.user, f"{self.audit_name}.{verb}", obj, before, after)
-
-    def perform_create(self, serializer: BaseSerializer) -> None:
-        with transaction.atomic():
-            obj = serializer.save()
-            self.audit("create", obj, None, self.audit_snapshot(obj))
-
-    def perform_update(self, serializer: BaseSerializer) -> None:
-        with transaction.atomic():
-            before = self.audit_snapshot(serializer.instance)
-            obj = serializer.save()
-            self.audit("update", obj, before, self.audit_snapshot(obj))
+    def perform_update(self, serializer: serializers.BaseSerializer) -> None:
+        _audited(serializer).save()
 
     def perform_destroy(self, instance: Any) -> None:
-        with transaction.atomic():
-            self.audit("delete", instance, self.audit_snapshot(instance), None)
-            instance.delete()
+        instance.delete_audited(self.request.user)
+
+
+def _audited(serializer: serializers.BaseSerializer) -> AuditedSerializer:
+    if not isinstance(serializer, AuditedSerializer):
+        raise TypeError(f"{type(serializer).__name__} would write without an audit row: make it an AuditedSerializer")
+    return serializer
 
 
 class AuditedModelViewSet(AuditedMixin, viewsets.ModelViewSet):

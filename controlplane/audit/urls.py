@@ -1,7 +1,6 @@
-from rest_framework.routers import SimpleRouter
-
+from controlplane.accounts.inputs import ApiRouter
 from controlplane.audit.api import AuditEventViewSet
 
-router = SimpleRouter()
+router = ApiRouter()
 router.register("audit", AuditEventViewSet, basename="audit")
 urlpatterns = router.urls

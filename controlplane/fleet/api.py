@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import transaction
 from django.db.models import Count, QuerySet
 from django.utils import timezone
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
@@ -31,9 +30,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane import live
+from controlplane.accounts.inputs import StrictModelSerializer, query_id_or_name
 from controlplane.accounts.roles import Role
-from controlplane.audit.api import AuditedMixin, AuditedModelViewSet
-from controlplane.fleet.health import State
+from controlplane.audit.api import AuditedMixin, AuditedModelViewSet, AuditedSerializer
+from controlplane.fleet.health import WorkerState
 from controlplane.fleet.heartbeat import heartbeat_response
 from controlplane.fleet.models import (
     EnrollmentRefused,
@@ -45,10 +46,10 @@ from controlplane.fleet.models import (
 from controlplane.profiles.models import ProfileRevision
 from workers import contract
 
-STATE_BY_LABEL = {state.label: state for state in State}
+STATE_BY_LABEL = {state.label: state for state in WorkerState}
 
 
-class RevisionRefSerializer(serializers.ModelSerializer):
+class RevisionRefSerializer(StrictModelSerializer):
     """A revision named the way people say it: profile@revision."""
 
     name = serializers.CharField(source="profile.name", read_only=True)
@@ -64,17 +65,22 @@ class RevisionRefSerializer(serializers.ModelSerializer):
 
 
 # ---- pools -----------------------------------------------------------------
-class PoolSerializer(serializers.ModelSerializer):
+class PoolSerializer(AuditedSerializer):
     desired_revision = serializers.PrimaryKeyRelatedField(
         queryset=ProfileRevision.objects.select_related("profile"), allow_null=True, required=False
     )
-    desired = RevisionRefSerializer(source="desired_revision", read_only=True)
-    num_workers = serializers.IntegerField(read_only=True)
+    desired = RevisionRefSerializer(source="desired_revision", read_only=True, allow_null=True)
+    num_workers = serializers.SerializerMethodField()
 
     class Meta:
         model = Pool
         fields = ["id", "name", "description", "desired_revision", "desired", "num_workers", "created"]
         read_only_fields = ["created"]
+
+    def get_num_workers(self, pool: Pool) -> int:
+        # The list annotates it; a pool just created or changed counts here.
+        count = getattr(pool, "num_workers", None)
+        return count if count is not None else pool.workers.count()
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if self.instance is not None and "desired_revision" in attrs:
@@ -83,25 +89,23 @@ class PoolSerializer(serializers.ModelSerializer):
                 raise serializers.ValidationError(errors)
         return attrs
 
-    def update(self, pool: Pool, validated: dict[str, Any]) -> Pool:
-        with transaction.atomic():
-            if "desired_revision" in validated:
-                revision = validated.pop("desired_revision")
-                if revision != pool.desired_revision:
-                    pool.set_desired_revision(revision)
-            return super().update(pool, validated)
+    def apply(self, pool: Pool, validated: dict[str, Any]) -> None:
+        if "desired_revision" in validated:
+            revision = validated.pop("desired_revision")
+            if revision != pool.desired_revision:
+                pool.set_desired_revision(revision)
+        super().apply(pool, validated)
 
 
 class PoolViewSet(AuditedModelViewSet):
     serializer_class = PoolSerializer
-    audit_name = "pool"
 
     def get_queryset(self) -> QuerySet[Pool]:
         return Pool.objects.select_related("desired_revision__profile").annotate(num_workers=Count("workers"))
 
 
 # ---- enrollment tokens -------------------------------------------------------
-class EnrollmentTokenSerializer(serializers.ModelSerializer):
+class EnrollmentTokenSerializer(AuditedSerializer):
     token = serializers.SerializerMethodField(help_text="the token itself: in the create reply only, never again")
     created_by = serializers.CharField(source="created_by.username", read_only=True, default=None)
     usable = serializers.SerializerMethodField()
@@ -110,8 +114,17 @@ class EnrollmentTokenSerializer(serializers.ModelSerializer):
     class Meta:
         model = EnrollmentToken
         fields = [
-            "id", "name", "token", "token_prefix", "pool", "max_uses", "num_uses", "expires_at",
-            "usable", "created_by", "created",
+            "id",
+            "name",
+            "token",
+            "token_prefix",
+            "pool",
+            "max_uses",
+            "num_uses",
+            "expires_at",
+            "usable",
+            "created_by",
+            "created",
         ]
         read_only_fields = ["token_prefix", "num_uses", "created"]
 
@@ -128,8 +141,7 @@ class EnrollmentTokenSerializer(serializers.ModelSerializer):
         return value
 
     def create(self, validated: dict[str, Any]) -> EnrollmentToken:
-        user = self.context["request"].user
-        token, plaintext = EnrollmentToken.issue(created_by=user, **validated)
+        token, plaintext = EnrollmentToken.issue(actor=self.actor(), created_by=self.actor(), **validated)
         token.plaintext = plaintext  # type: ignore[attr-defined]
         return token
 
@@ -139,7 +151,6 @@ class EnrollmentTokenViewSet(AuditedModelViewSet):
     admins may make or change them; deleting one revokes it."""
 
     serializer_class = EnrollmentTokenSerializer
-    audit_name = "enrollment_token"
     write_role = Role.ADMIN
 
     def get_queryset(self) -> QuerySet[EnrollmentToken]:
@@ -147,18 +158,18 @@ class EnrollmentTokenViewSet(AuditedModelViewSet):
 
 
 # ---- workers -------------------------------------------------------------------
-@extend_schema_field({"type": "string", "enum": [state.label for state in State]})
+@extend_schema_field({"type": "string", "enum": [state.label for state in WorkerState]})
 class StateField(serializers.Field):
     def to_representation(self, value: int) -> str:
-        return State(value).label
+        return WorkerState(value).label
 
-    def to_internal_value(self, data: Any) -> State:
+    def to_internal_value(self, data: Any) -> WorkerState:
         if data not in STATE_BY_LABEL:
             raise serializers.ValidationError(f"must be one of {', '.join(STATE_BY_LABEL)}.")
         return STATE_BY_LABEL[data]
 
 
-class WorkerSerializer(serializers.ModelSerializer):
+class WorkerSerializer(AuditedSerializer):
     state = StateField(read_only=True)
     pool = serializers.PrimaryKeyRelatedField(queryset=Pool.objects.all(), allow_null=True, required=False)
     pool_name = serializers.CharField(source="pool.name", read_only=True, default=None)
@@ -169,21 +180,55 @@ class WorkerSerializer(serializers.ModelSerializer):
         help_text="per-worker override of the pool's desired revision (a canary); null: follow the pool",
     )
     desired = serializers.SerializerMethodField(help_text="what it should run: the override, else the pool's")
-    running = RevisionRefSerializer(source="running_revision", read_only=True)
+    running = RevisionRefSerializer(source="running_revision", read_only=True, allow_null=True)
     drifting = serializers.SerializerMethodField(help_text="desired ≠ running for longer than the grace period")
 
     class Meta:
         model = Worker
         fields = [
-            "id", "name", "url", "pool", "pool_name", "labels", "hardware", "engine_kind", "model",
-            "max_model_len", "state", "state_changed_at", "cordoned", "drain_requested",
-            "last_heartbeat_at", "load", "desired_revision", "desired", "running", "running_profile",
-            "apply_error", "drift_since", "drifting", "registered_at",
+            "id",
+            "name",
+            "url",
+            "pool",
+            "pool_name",
+            "labels",
+            "hardware",
+            "engine_kind",
+            "model",
+            "max_model_len",
+            "state",
+            "state_changed_at",
+            "cordoned",
+            "drain_requested",
+            "last_heartbeat_at",
+            "load",
+            "desired_revision",
+            "desired",
+            "running",
+            "running_profile",
+            "apply_error",
+            "health_error",
+            "drift_since",
+            "drifting",
+            "registered_at",
         ]
         read_only_fields = [
-            "name", "url", "hardware", "engine_kind", "model", "max_model_len", "state_changed_at",
-            "cordoned", "drain_requested", "last_heartbeat_at", "load", "running_profile",
-            "apply_error", "drift_since", "registered_at",
+            "name",
+            "url",
+            "hardware",
+            "engine_kind",
+            "model",
+            "max_model_len",
+            "state_changed_at",
+            "cordoned",
+            "drain_requested",
+            "last_heartbeat_at",
+            "load",
+            "running_profile",
+            "apply_error",
+            "health_error",
+            "drift_since",
+            "registered_at",
         ]
 
     @extend_schema_field(RevisionRefSerializer(allow_null=True))
@@ -212,24 +257,21 @@ class WorkerSerializer(serializers.ModelSerializer):
                 raise serializers.ValidationError({"pool": errors["desired_revision"]})
         return attrs
 
-    def update(self, worker: Worker, validated: dict[str, Any]) -> Worker:
-        now = timezone.now()
-        with transaction.atomic():
-            worker.labels = validated.get("labels", worker.labels)
-            if "pool" in validated:
-                worker.pool = validated["pool"]
-            worker.save(update_fields=["labels", "pool"])
-            revision = validated.get("desired_revision", worker.desired_revision)
-            # set_desired_revision re-derives drift, which a pool move changes too.
-            worker.set_desired_revision(revision, now=now)
-        return worker
+    def apply(self, worker: Worker, validated: dict[str, Any]) -> None:
+        worker.labels = validated.get("labels", worker.labels)
+        if "pool" in validated:
+            worker.pool = validated["pool"]
+        worker.save(update_fields=["labels", "pool"])
+        revision = validated.get("desired_revision", worker.desired_revision)
+        # set_desired_revision re-derives drift, which a pool move changes too.
+        worker.set_desired_revision(revision, now=timezone.now())
 
 
 @extend_schema_view(
     list=extend_schema(
         parameters=[
             OpenApiParameter("pool", str, description="pool id or name"),
-            OpenApiParameter("state", str, enum=[state.label for state in State]),
+            OpenApiParameter("state", str, enum=[state.label for state in WorkerState]),
             OpenApiParameter("drifting", bool, description="desired ≠ running past the grace period"),
         ]
     )
@@ -247,7 +289,6 @@ class WorkerViewSet(
     cordoned and deleted."""
 
     serializer_class = WorkerSerializer
-    audit_name = "worker"
     http_method_names = ["get", "patch", "post", "delete", "head", "options"]  # no PUT: few fields are writable
 
     def get_queryset(self) -> QuerySet[Worker]:
@@ -255,8 +296,11 @@ class WorkerViewSet(
             "pool__desired_revision__profile", "desired_revision__profile", "running_revision__profile"
         )
         params = self.request.query_params
-        if pool := params.get("pool"):
-            qs = qs.filter(pool_id=pool) if pool.isdigit() else qs.filter(pool__name=pool)
+        pool_id, pool_name = query_id_or_name(self.request, "pool")
+        if pool_id is not None:
+            qs = qs.filter(pool_id=pool_id)
+        elif pool_name is not None:
+            qs = qs.filter(pool__name=pool_name)
         if state := params.get("state"):
             if state not in STATE_BY_LABEL:
                 raise serializers.ValidationError({"state": [f"must be one of {', '.join(STATE_BY_LABEL)}."]})
@@ -267,9 +311,6 @@ class WorkerViewSet(
         elif drifting in ("false", "0"):
             qs = qs.exclude(pk__in=Worker.objects.drifting().values("pk"))
         return qs
-
-    def audit_snapshot(self, obj: Worker) -> dict[str, Any]:
-        return obj.audit_state()
 
     def _flag(self, request: Request, verb: str) -> Response:
         worker = self.get_object()
@@ -300,11 +341,9 @@ class WorkerViewSet(
         return self._flag(request, "uncordon")
 
     def perform_destroy(self, instance: Worker) -> None:
-        from controlplane.fleet import events
-
         pk = instance.pk
         super().perform_destroy(instance)
-        events.worker_changed(pk, deleted=True)
+        live.publish(live.Event.WORKER_CHANGED, worker_id=pk, deleted=True)
 
 
 # ---- the agent's endpoints -------------------------------------------------------
@@ -379,6 +418,12 @@ HeartbeatRequestDoc = inline_serializer(
         "running_profile": serializers.DictField(required=False),
         "hardware": serializers.DictField(required=False),
         "apply_error": serializers.CharField(allow_null=True, required=False),
+        "url": serializers.URLField(
+            allow_null=True, required=False, help_text="where the worker listens now; the control plane updates it"
+        ),
+        "health_error": serializers.CharField(
+            allow_null=True, required=False, help_text="why the engine cannot serve (state unhealthy)"
+        ),
     },
 )
 HeartbeatReplyDoc = inline_serializer(

@@ -5,6 +5,13 @@ A worker that misses heartbeats for ``unhealthy_after_seconds`` is unhealthy
 offline. A heartbeat brings it back to whatever it reports. Drift is the
 time a worker has spent not running the revision it should; it counts only
 past a grace period, since every rollout makes a few seconds of honest drift.
+
+Silence is the workers' only when the control plane could hear them. While
+its database was down every heartbeat was refused, and the agents backed off;
+so a worker last heard from before the control plane's own last failure is
+judged on the silence since that failure, against a longer limit that
+covers the agents' longest backoff, and nothing is judged at all until a
+full heartbeat interval has passed since the failure.
 """
 
 from __future__ import annotations
@@ -14,14 +21,14 @@ from datetime import datetime, timedelta
 from enum import IntEnum
 
 
-class State(IntEnum):
+class WorkerState(IntEnum):
     """Ordered: every state from UNHEALTHY up means "not heard from"."""
 
     REGISTERING = 0  # enrolled, no heartbeat yet
     READY = 1
     DRAINING = 2  # admits nothing new, finishing in-flight requests
     APPLYING = 3  # rebuilding its engine on a new profile (or loading)
-    UNHEALTHY = 4  # missed heartbeats
+    UNHEALTHY = 4  # missed heartbeats, or its agent says its engine cannot serve
     OFFLINE = 5  # missed heartbeats for long
 
     @property
@@ -30,16 +37,17 @@ class State(IntEnum):
 
     @property
     def is_lost(self) -> bool:
-        return self >= State.UNHEALTHY
+        return self >= WorkerState.UNHEALTHY
 
 
 # What an agent reports (workers.contract.AGENT_STATES) → our state. An agent
 # still loading its first engine is, to an operator, applying a profile.
-AGENT_STATE_MAP: dict[str, State] = {
-    "ready": State.READY,
-    "draining": State.DRAINING,
-    "applying": State.APPLYING,
-    "loading": State.APPLYING,
+AGENT_STATE_MAP: dict[str, WorkerState] = {
+    "ready": WorkerState.READY,
+    "draining": WorkerState.DRAINING,
+    "applying": WorkerState.APPLYING,
+    "loading": WorkerState.APPLYING,
+    "unhealthy": WorkerState.UNHEALTHY,  # its engine stopped serving; the reason is Worker.health_error
 }
 
 
@@ -47,19 +55,37 @@ AGENT_STATE_MAP: dict[str, State] = {
 class Thresholds:
     unhealthy_after_seconds: float
     offline_after_seconds: float
+    # After the control plane's own outage: no judging for one heartbeat
+    # interval, and silence through it is allowed the agents' backoff.
+    heartbeat_interval_seconds: float = 0.0
+    outage_grace_seconds: float = 0.0
 
 
-def liveness(current: State, last_seen: datetime, now: datetime, limits: Thresholds) -> State:
-    """The state a worker should be in, given when it was last heard from.
+def liveness(
+    current: WorkerState,
+    last_seen: datetime,
+    now: datetime,
+    limits: Thresholds,
+    control_plane_failed_at: datetime | None = None,
+) -> WorkerState:
+    """The state a worker should be in, given when it was last heard from and
+    when the control plane itself last failed to record a heartbeat.
 
     Only ever moves a worker down to UNHEALTHY or OFFLINE; coming back is the
     heartbeat's business (it carries the state the worker reports).
     """
+    unhealthy_after_seconds = limits.unhealthy_after_seconds
+    if control_plane_failed_at is not None:
+        if (now - control_plane_failed_at).total_seconds() < limits.heartbeat_interval_seconds:
+            return current  # the workers have not yet had one chance to be heard
+        if last_seen < control_plane_failed_at:
+            last_seen = control_plane_failed_at
+            unhealthy_after_seconds = max(unhealthy_after_seconds, limits.outage_grace_seconds)
     silent_seconds = (now - last_seen).total_seconds()
     if silent_seconds >= limits.offline_after_seconds:
-        return State.OFFLINE
-    if silent_seconds >= limits.unhealthy_after_seconds and current < State.UNHEALTHY:
-        return State.UNHEALTHY
+        return WorkerState.OFFLINE
+    if silent_seconds >= unhealthy_after_seconds and current < WorkerState.UNHEALTHY:
+        return WorkerState.UNHEALTHY
     return current
 
 

@@ -21,9 +21,11 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from django.conf import settings
 from django.db import DatabaseError, connection
 
+from controlplane import outages
+from controlplane.fleet import conf
+from controlplane.fleet.models import Worker
 from workers import contract
 
 log = logging.getLogger(__name__)
@@ -42,8 +44,6 @@ def heartbeat_response(authorization: str | None, body: bytes) -> tuple[int, dic
 
     401 for a missing or unknown worker secret, 400 by field for a body that
     breaks the contract, else 200 with the contract's HeartbeatReply."""
-    from controlplane.fleet.models import Worker
-
     scheme, _, secret = (authorization or "").partition(" ")
     if scheme.lower() != "bearer" or not secret.strip():
         return 401, {"detail": "expected 'Authorization: Bearer <worker secret>'."}, UNAUTHORIZED_HEADERS
@@ -73,7 +73,7 @@ class HeartbeatFastPath:
     def __init__(self, app: ASGIApp, *, max_threads: int | None = None):
         self.app = app
         self.path = contract.HEARTBEAT_PATH
-        self.max_threads = max_threads or int(getattr(settings, "HEARTBEAT_THREADS", 8))
+        self.max_threads = max_threads or conf.HEARTBEAT_THREADS.get()
         self._executor: ThreadPoolExecutor | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -128,9 +128,13 @@ def _handle(authorization: str | None, body: bytes) -> tuple[int, dict[str, Any]
     try:
         _prepare_connection()
         return heartbeat_response(authorization, body)
-    except Exception:
-        log.exception("heartbeat failed")
+    except Exception as exc:
         connection.close()  # whatever went wrong, start the next one afresh
+        if store := outages.store_down(exc):
+            # The agent backs off on a 503 and serves on with what it has.
+            outages.note(store, exc, "a heartbeat")
+            return 503, outages.payload(store), outages.headers()
+        log.exception("heartbeat failed")
         return 500, {"detail": "internal error"}, {}
     finally:
         if connection.settings_dict.get("OPTIONS", {}).get("pool"):

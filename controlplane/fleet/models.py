@@ -6,19 +6,16 @@ runs: what its agent last reported (``running_revision``). The two differ
 during every rollout; ``drift_since`` records since when, and a worker counts
 as drifting once that is older than ``DRIFT_GRACE_SECONDS``.
 
-Secrets (enrollment tokens, worker secrets) are stored as SHA-256 hashes:
-they are long random strings, so a plain hash is enough, and a leaked
-database does not let anyone heartbeat as a worker.
+Secrets (enrollment tokens, worker secrets) are stored as SHA-256 hashes
+(``accounts.secrets``): a leaked database lets no one heartbeat as a worker.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
-import secrets
-from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import models, transaction
@@ -26,12 +23,14 @@ from django.db.models import F, Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from controlplane import audit
-from controlplane.fleet import events
+from controlplane import audit, live, outages
+from controlplane.accounts.models import IssuedSecret
+from controlplane.accounts.secrets import hash_secret, new_secret
+from controlplane.fleet import conf
 from controlplane.fleet.health import (
     AGENT_STATE_MAP,
-    State,
     Thresholds,
+    WorkerState,
     drift_since,
     is_drifting,
     liveness,
@@ -39,11 +38,7 @@ from controlplane.fleet.health import (
 from controlplane.profiles.models import ENGINE_KIND_CHOICES, ProfileRevision
 from workers.contract import HeartbeatReply, HeartbeatRequest, ProfileRef, RegisterRequest
 
-if TYPE_CHECKING:
-    from django.contrib.auth.models import AbstractBaseUser
-
-WorkerState = State  # the enum, by a name that Worker.State does not shadow
-STATE_CHOICES = [(state.value, state.label) for state in State]
+STATE_CHOICES = [(state.value, state.label) for state in WorkerState]
 # Operator actions on a worker: the flags each sets. Buttons only set flags;
 # the agent (drain) and the gateway (cordon) act on them.
 FLAG_ACTIONS: dict[str, dict[str, bool]] = {
@@ -53,33 +48,49 @@ FLAG_ACTIONS: dict[str, dict[str, bool]] = {
     "uncordon": {"cordoned": False, "drain_requested": False},
 }
 AUDITED_WORKER_FIELDS = [
-    "name", "url", "pool", "labels", "engine_kind", "state", "cordoned", "drain_requested",
-    "desired_revision", "running_revision", "drift_since",
+    "name",
+    "url",
+    "pool",
+    "labels",
+    "engine_kind",
+    "state",
+    "cordoned",
+    "drain_requested",
+    "desired_revision",
+    "running_revision",
+    "drift_since",
 ]
 ENROLLMENT_TOKEN_PREFIX = "cpe_"
 WORKER_SECRET_PREFIX = "cpw_"
 
 
-def hash_secret(plaintext: str) -> str:
-    return hashlib.sha256(plaintext.encode()).hexdigest()
-
-
 def heartbeat_interval_seconds() -> float:
-    return float(settings.HEARTBEAT_INTERVAL_SECONDS)
+    return conf.HEARTBEAT_INTERVAL_SECONDS.get()
 
 
 def liveness_thresholds() -> Thresholds:
     return Thresholds(
-        unhealthy_after_seconds=float(settings.WORKER_UNHEALTHY_AFTER_SECONDS),
-        offline_after_seconds=float(settings.WORKER_OFFLINE_AFTER_SECONDS),
+        unhealthy_after_seconds=conf.WORKER_UNHEALTHY_AFTER_SECONDS.get(),
+        offline_after_seconds=conf.WORKER_OFFLINE_AFTER_SECONDS.get(),
+        heartbeat_interval_seconds=conf.HEARTBEAT_INTERVAL_SECONDS.get(),
+        outage_grace_seconds=conf.WORKER_OUTAGE_GRACE_SECONDS.get(),
     )
+
+
+def control_plane_failed_at() -> datetime | None:
+    """When the control plane last failed to reach its database (any
+    process: ``controlplane.outages``), as an aware datetime."""
+    failed_at = outages.last_database_failure()
+    return None if failed_at is None else datetime.fromtimestamp(failed_at, tz=UTC)
 
 
 class EnrollmentRefused(Exception):
     """Unknown, used-up or expired enrollment token."""
 
 
-class Pool(models.Model):
+class Pool(audit.Audited, models.Model):
+    audit_name = "pool"
+
     name = models.SlugField(max_length=100, unique=True)
     description = models.TextField(blank=True)
     desired_revision = models.ForeignKey(
@@ -110,7 +121,12 @@ class Pool(models.Model):
             Worker.refresh_drift(self.workers.all(), now)
 
 
-class EnrollmentToken(models.Model):
+class EnrollmentToken(IssuedSecret, models.Model):
+    audit_name = "enrollment_token"
+    SECRET_PREFIX = ENROLLMENT_TOKEN_PREFIX
+    HASH_FIELD = "token_hash"
+    SHOWN_PREFIX_FIELD = "token_prefix"
+
     name = models.CharField(max_length=100, help_text="what the token is for, e.g. 'rack 4 GPUs'")
     token_hash = models.CharField(max_length=64, unique=True, editable=False)
     token_prefix = models.CharField(max_length=12, editable=False, help_text="shown to tell tokens apart")
@@ -135,21 +151,6 @@ class EnrollmentToken(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.token_prefix}…)"
-
-    @classmethod
-    def generate(cls) -> tuple[str, str, str]:
-        """A new plaintext token with its hash and display prefix."""
-        plaintext = ENROLLMENT_TOKEN_PREFIX + secrets.token_urlsafe(32)
-        return plaintext, hash_secret(plaintext), plaintext[: len(ENROLLMENT_TOKEN_PREFIX) + 4]
-
-    @classmethod
-    def issue(cls, name: str, *, created_by: AbstractBaseUser | None = None, **fields: Any) -> tuple[EnrollmentToken, str]:
-        """Create a token; the plaintext is returned once and never stored."""
-        plaintext, token_hash, prefix = cls.generate()
-        token = cls.objects.create(
-            name=name, token_hash=token_hash, token_prefix=prefix, created_by=created_by, **fields
-        )
-        return token, plaintext
 
     def is_usable(self, now: datetime) -> bool:
         if self.expires_at is not None and self.expires_at <= now:
@@ -179,7 +180,7 @@ class WorkerQuerySet(models.QuerySet["Worker"]):
 
     def drifting(self, now: datetime | None = None) -> WorkerQuerySet:
         now = now or timezone.now()
-        return self.filter(drift_since__lte=now - timedelta(seconds=settings.DRIFT_GRACE_SECONDS))
+        return self.filter(drift_since__lte=now - timedelta(seconds=conf.DRIFT_GRACE_SECONDS.get()))
 
     def with_stale_drift_clock(self) -> WorkerQuerySet:
         """Workers whose ``drift_since`` disagrees with desired vs running:
@@ -193,11 +194,12 @@ class WorkerQuerySet(models.QuerySet["Worker"]):
 
     def routable(self) -> WorkerQuerySet:
         """Workers a gateway may send new requests to."""
-        return self.filter(state=State.READY, cordoned=False, drain_requested=False)
+        return self.filter(state=WorkerState.READY, cordoned=False, drain_requested=False)
 
 
-class Worker(models.Model):
-    State = State
+class Worker(audit.Audited, models.Model):
+    audit_name = "worker"
+    State = WorkerState  # so that queries read Worker.State.READY
 
     name = models.CharField(max_length=100, unique=True)
     url = models.URLField(max_length=300, help_text="where the worker's OpenAI server listens")
@@ -208,7 +210,7 @@ class Worker(models.Model):
     model = models.CharField(max_length=200, blank=True)
     max_model_len = models.PositiveIntegerField(default=0, help_text="0: unknown")
 
-    state = models.PositiveSmallIntegerField(choices=STATE_CHOICES, default=State.REGISTERING, db_index=True)
+    state = models.PositiveSmallIntegerField(choices=STATE_CHOICES, default=WorkerState.REGISTERING, db_index=True)
     state_changed_at = models.DateTimeField(default=timezone.now)
     cordoned = models.BooleanField(default=False, help_text="the gateway sends it no new requests")
     drain_requested = models.BooleanField(default=False, help_text="the agent is told to stop admitting")
@@ -228,6 +230,9 @@ class Worker(models.Model):
     )
     running_profile = models.JSONField(default=dict, blank=True, help_text="as the agent reported it, in full")
     apply_error = models.TextField(blank=True, help_text="why the agent's last apply failed")
+    health_error = models.TextField(
+        blank=True, help_text="why the agent reports its engine unhealthy (empty while it serves)"
+    )
     drift_since = models.DateTimeField(null=True, blank=True, db_index=True)
 
     secret_hash = models.CharField(max_length=64, unique=True, null=True, blank=True, editable=False)
@@ -248,7 +253,7 @@ class Worker(models.Model):
     # ---- what it should run -------------------------------------------
     @property
     def state_label(self) -> str:
-        return State(self.state).label
+        return WorkerState(self.state).label
 
     def effective_desired_revision(self) -> ProfileRevision | None:
         if self.desired_revision_id is not None:
@@ -265,7 +270,7 @@ class Worker(models.Model):
         return revision_ref(revision_id) if revision_id is not None else None
 
     def is_drifting(self, now: datetime | None = None) -> bool:
-        return is_drifting(self.drift_since, now or timezone.now(), settings.DRIFT_GRACE_SECONDS)
+        return is_drifting(self.drift_since, now or timezone.now(), conf.DRIFT_GRACE_SECONDS.get())
 
     def revision_errors(self, revision: ProfileRevision | None) -> dict[str, list[str]]:
         if revision is None:
@@ -279,7 +284,7 @@ class Worker(models.Model):
         row, new secret). Returns the worker and its secret, which is shown
         once. Raises EnrollmentRefused."""
         now = now or timezone.now()
-        secret = WORKER_SECRET_PREFIX + secrets.token_urlsafe(32)
+        secret = new_secret(WORKER_SECRET_PREFIX)
         with transaction.atomic():
             token = EnrollmentToken.redeem(req["enroll_token"], now)
             existing = cls.objects.select_for_update().filter(name=req["name"]).first()
@@ -295,19 +300,17 @@ class Worker(models.Model):
             if token.pool_id is not None:
                 worker.pool_id = token.pool_id
             worker.enrollment_token = token
-            worker.secret_hash = hash_secret(secret)
+            worker.secret_hash = secret.hash
             worker.registered_at = now
-            worker.state = State.REGISTERING
+            worker.state = WorkerState.REGISTERING
             worker.state_changed_at = now
             worker.drift_since = drift_since(
                 worker.drift_since, worker.effective_desired_revision_id(), worker.running_revision_id, now
             )
             worker.save()
-            audit.record(
-                f"worker:{worker.name}", "worker.register", worker, before, worker.audit_state(), time=now
-            )
-            events.worker_changed(worker.pk, created=created)
-        return worker, secret
+            audit.record(f"worker:{worker.name}", "worker.register", worker, before, worker.audit_state(), time=now)
+            live.publish(live.Event.WORKER_CHANGED, worker_id=worker.pk, created=created)
+        return worker, secret.plaintext
 
     @classmethod
     def authenticate(cls, secret: str) -> Worker | None:
@@ -324,6 +327,7 @@ class Worker(models.Model):
         (state, running revision, drift) changed."""
         now = now or timezone.now()
         old = (self.state, self.running_revision_id, self.drift_since)
+        old_url, old_health_error = self.url, self.health_error
 
         self.state = AGENT_STATE_MAP[hb["state"]]
         if self.state != old[0]:
@@ -342,29 +346,70 @@ class Worker(models.Model):
             self.hardware = dict(hb["hardware"])
         self.running_profile = dict(hb["running_profile"])
         self.apply_error = hb["apply_error"] or ""
-        recovered = State(old[0]).is_lost
+        self.health_error = (hb.get("health_error") or "") if self.state == WorkerState.UNHEALTHY else ""
+        url = hb.get("url")
+        if url and url != self.url:
+            # Restarted on another port with its state file: it kept its
+            # secret, so this is where the control plane hears the new URL.
+            self.url = url
+        # Into or out of lost (silent, or its engine broke), recorded once per change.
+        state_change = self.state != old[0] and (WorkerState(old[0]).is_lost or WorkerState(self.state).is_lost)
         applied = self.running_revision_id != old[1] and self.running_revision_id is not None
+        moved = self.url != old_url
         # A routine heartbeat is one UPDATE in autocommit; one that also
         # writes audit rows commits them together with the state they describe.
-        with transaction.atomic() if recovered or applied else contextlib.nullcontext():
+        with transaction.atomic() if state_change or applied or moved else contextlib.nullcontext():
             self.save(
                 update_fields=[
-                    "state", "state_changed_at", "running_revision", "drift_since", "last_heartbeat_at",
-                    "load", "hardware", "running_profile", "apply_error",
+                    "state",
+                    "state_changed_at",
+                    "running_revision",
+                    "drift_since",
+                    "last_heartbeat_at",
+                    "load",
+                    "hardware",
+                    "running_profile",
+                    "apply_error",
+                    "health_error",
+                    "url",
                 ]
             )
-            if recovered:
+            if state_change:
+                after: dict[str, Any] = {"state": self.state_label}
+                if self.health_error:
+                    after["reason"] = self.health_error
                 audit.record(
-                    f"worker:{self.name}", "worker.state_change", self,
-                    {"state": State(old[0]).label}, {"state": self.state_label}, time=now,
+                    f"worker:{self.name}",
+                    "worker.state_change",
+                    self,
+                    {"state": WorkerState(old[0]).label},
+                    after,
+                    time=now,
+                )
+            if moved:
+                audit.record(
+                    f"worker:{self.name}",
+                    "worker.url_change",
+                    self,
+                    {"url": old_url},
+                    {"url": self.url},
+                    time=now,
                 )
             if applied:
                 audit.record(
-                    f"worker:{self.name}", "worker.profile_applied", self,
-                    {"running_revision": old[1]}, {"running_revision": self.running_revision_id}, time=now,
+                    f"worker:{self.name}",
+                    "worker.profile_applied",
+                    self,
+                    {"running_revision": old[1]},
+                    {"running_revision": self.running_revision_id},
+                    time=now,
                 )
-            if (self.state, self.running_revision_id, self.drift_since) != old:
-                events.worker_changed(self.pk)
+            if (
+                (self.state, self.running_revision_id, self.drift_since) != old
+                or moved
+                or (self.health_error != old_health_error)
+            ):
+                live.publish(live.Event.WORKER_CHANGED, worker_id=self.pk)
         return HeartbeatReply(
             worker_id=self.pk,
             desired=self.desired_revision_for_agent(),
@@ -376,7 +421,7 @@ class Worker(models.Model):
     def audit_state(self) -> dict[str, Any]:
         """What an audit row records of a worker (never its secret)."""
         data = audit.snapshot(self, fields=AUDITED_WORKER_FIELDS)
-        data["state"] = State(self.state).label
+        data["state"] = WorkerState(self.state).label
         return data
 
     def flag_action(self, verb: str, actor: Any) -> None:
@@ -396,16 +441,18 @@ class Worker(models.Model):
         if self.drain_requested:
             self.cordoned = True
         self.save(update_fields=["cordoned", "drain_requested"])
-        events.worker_changed(self.pk)
+        live.publish(live.Event.WORKER_CHANGED, worker_id=self.pk)
 
     def set_desired_revision(self, revision: ProfileRevision | None, *, now: datetime | None = None) -> None:
         """Override the pool's revision for this worker alone (None: follow
         the pool again). Callers validate first and write the audit row."""
         now = now or timezone.now()
         self.desired_revision = revision
-        self.drift_since = drift_since(self.drift_since, self.effective_desired_revision_id(), self.running_revision_id, now)
+        self.drift_since = drift_since(
+            self.drift_since, self.effective_desired_revision_id(), self.running_revision_id, now
+        )
         self.save(update_fields=["desired_revision", "drift_since"])
-        events.worker_changed(self.pk)
+        live.publish(live.Event.WORKER_CHANGED, worker_id=self.pk)
 
     @staticmethod
     def refresh_drift(workers: models.QuerySet[Worker] | list[Worker], now: datetime) -> int:
@@ -413,11 +460,13 @@ class Worker(models.Model):
         how many workers changed. Safe to run any time (the health sweep does)."""
         changed = 0
         for worker in workers.select_related("pool") if isinstance(workers, models.QuerySet) else workers:
-            since = drift_since(worker.drift_since, worker.effective_desired_revision_id(), worker.running_revision_id, now)
+            since = drift_since(
+                worker.drift_since, worker.effective_desired_revision_id(), worker.running_revision_id, now
+            )
             if since != worker.drift_since:
                 Worker.objects.filter(pk=worker.pk).update(drift_since=since)
                 worker.drift_since = since
-                events.worker_changed(worker.pk)
+                live.publish(live.Event.WORKER_CHANGED, worker_id=worker.pk)
                 changed += 1
         return changed
 
@@ -426,22 +475,25 @@ class Worker(models.Model):
     def sweep_liveness(cls, now: datetime | None = None) -> list[tuple[int, WorkerState, WorkerState]]:
         """Mark silent workers unhealthy, then offline. Each transition is a
         conditional update (the worker may heartbeat meanwhile, and two
-        sweeps may run at once) and writes one audit row.
+        sweeps may run at once) and writes one audit row. Silence while the
+        control plane itself could not record heartbeats does not count
+        (``health.liveness``).
         Returns (worker id, from, to) for each transition made."""
         now = now or timezone.now()
         limits = liveness_thresholds()
+        failed_at = control_plane_failed_at()
         unhealthy_before = now - timedelta(seconds=limits.unhealthy_after_seconds)
         last_seen = Coalesce("last_heartbeat_at", "registered_at")
         candidates = (
             cls.objects.annotate(last_seen=last_seen)
             .filter(last_seen__lte=unhealthy_before)
-            .exclude(state=State.OFFLINE)
+            .exclude(state=WorkerState.OFFLINE)
             .only("id", "name", "state", "last_heartbeat_at", "registered_at")
         )
         transitions = []
         for worker in candidates:
-            current = State(worker.state)
-            target = liveness(current, worker.last_seen, now, limits)
+            current = WorkerState(worker.state)
+            target = liveness(current, worker.last_seen, now, limits, failed_at)
             if target == current:
                 continue
             with transaction.atomic():
@@ -458,7 +510,7 @@ class Worker(models.Model):
                     {"state": target.label, "silent_seconds": round((now - worker.last_seen).total_seconds(), 1)},
                     time=now,
                 )
-                events.worker_changed(worker.pk)
+                live.publish(live.Event.WORKER_CHANGED, worker_id=worker.pk)
             transitions.append((worker.pk, current, target))
         return transitions
 
@@ -473,7 +525,9 @@ def revision_ref(revision_id: int) -> ProfileRef:
     so each process reads one once: a heartbeat costs two queries, not a
     join across profiles. A copy, so callers may not spoil the cache."""
     ref = _cached_ref(revision_id)
-    return ProfileRef(revision_id=ref["revision_id"], name=ref["name"], revision=ref["revision"], fields=dict(ref["fields"]))
+    return ProfileRef(
+        revision_id=ref["revision_id"], name=ref["name"], revision=ref["revision"], fields=dict(ref["fields"])
+    )
 
 
 def _revision_errors_for(revision: ProfileRevision, workers: Any) -> dict[str, list[str]]:

@@ -1,6 +1,6 @@
 from django.urls import path
-from rest_framework.routers import SimpleRouter
 
+from controlplane.accounts.inputs import ApiRouter
 from controlplane.fleet.api import (
     AgentHeartbeatView,
     AgentRegisterView,
@@ -9,7 +9,7 @@ from controlplane.fleet.api import (
     WorkerViewSet,
 )
 
-router = SimpleRouter()
+router = ApiRouter()
 router.register("pools", PoolViewSet, basename="pool")
 router.register("workers", WorkerViewSet, basename="worker")
 router.register("enrollment-tokens", EnrollmentTokenViewSet, basename="enrollment-token")

@@ -4,7 +4,7 @@ from django.contrib import admin
 from django.http import HttpRequest
 
 from controlplane.admin_readonly import ReadOnlyAdmin
-from controlplane.gateway.cohort import ROLES
+from controlplane.fleet.pools import ROLES
 from controlplane.gateway.models import ClientKey, RequestLog, RoutingPool, RoutingTable
 
 
@@ -24,9 +24,9 @@ class RoutingTableAdmin(ReadOnlyAdmin):
     # Weights change through the API, the UI or a rollout: they validate,
     # audit and bump the epoch every gateway must ack. A save here would do
     # none of that, so the admin only shows tables.
-    list_display = ["model", "epoch", "updated_at"]
+    list_display = ["model", "epoch", "max_output_tokens", "updated_at"]
     search_fields = ["model"]
-    readonly_fields = ["model", "salt", "epoch", "updated_at"]
+    readonly_fields = ["model", "salt", "epoch", "max_output_tokens", "updated_at"]
     inlines = [RoutingPoolInline]
 
 
@@ -42,7 +42,7 @@ class RoutingPoolAdmin(ReadOnlyAdmin):
 class ClientKeyAdmin(admin.ModelAdmin):
     # Keys are issued through the API (the plaintext is shown once); here
     # they can be renamed, promoted and deactivated.
-    list_display = ["name", "key_prefix", "is_admin", "active", "last_used", "created"]
+    list_display = ["name", "key_prefix", "is_admin", "max_output_tokens", "active", "last_used", "created"]
     list_filter = ["active", "is_admin"]
     search_fields = ["name", "key_prefix"]
     readonly_fields = ["key_prefix", "created", "created_by", "last_used"]
@@ -71,8 +71,18 @@ class CohortFilter(admin.SimpleListFilter):
 class RequestLogAdmin(admin.ModelAdmin):
     # Millions of rows written by gateways: read-only, no full count, no
     # date hierarchy or filter whose choices would need a scan.
-    list_display = ["created_at", "request_id", "model", "cohort", "pool", "worker", "status",
-                    "ttft_seconds", "e2e_seconds", "output_tokens"]
+    list_display = [
+        "created_at",
+        "request_id",
+        "model",
+        "cohort",
+        "pool",
+        "worker",
+        "status",
+        "ttft_seconds",
+        "e2e_seconds",
+        "output_tokens",
+    ]
     list_filter = [CohortFilter, "stream"]
     search_fields = ["=request_id"]
     list_select_related = ["pool", "worker"]

@@ -3,11 +3,15 @@
     GET    /api/v1/routing/                  every table, with its acks
     GET    /api/v1/routing/<model>/          one table, with its acks
     PUT    /api/v1/routing/<model>/          set its pools, roles and weights (creates it)
-    PATCH  /api/v1/routing/<model>/          change weights only: {"weights": {"canary": 2000, "stable": 8000}}
+    PATCH  /api/v1/routing/<model>/          change weights and/or the output cap:
+                                             {"weights": {"canary": 2000, "stable": 8000}, "max_output_tokens": 512}
     DELETE /api/v1/routing/<model>/
     GET    /api/v1/routing/<model>/acks/     ?epoch=N&wait=S: wait up to S seconds for every gateway's ack
     GET    /api/v1/gateways/                 live gateways and the epochs they applied
     CRUD   /api/v1/client-keys/              admins only; the key is in the create reply alone
+    GET    /api/v1/requests/                 the request log: filters, sort, keyset cursor (explorer.py)
+    GET    /api/v1/requests/export/          the same filtered set, streamed: ?as=csv or jsonl
+    GET    /api/v1/requests/<id>/            one request with its timeline and token gaps
 
 Views parse, call one model method, render. Every change is audited by the
 model method (routing) or the audited viewset (keys).
@@ -15,10 +19,17 @@ model method (routing) or the audited viewset (keys).
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-from django.db import transaction
+from asgiref.sync import sync_to_async
+from django.core.exceptions import ValidationError
+from django.core.handlers.asgi import ASGIRequest
+from django.db import DatabaseError, transaction
 from django.db.models import QuerySet
+from django.http import HttpResponseBase, StreamingHttpResponse
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import (
     OpenApiParameter,
@@ -31,41 +42,70 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane.accounts.inputs import StrictSerializer
 from controlplane.accounts.roles import Role
-from controlplane.audit.api import AuditedModelViewSet
+from controlplane.audit.api import AuditedModelViewSet, AuditedSerializer
 from controlplane.fleet.models import Pool
-from controlplane.gateway import bus
-from controlplane.gateway.cohort import NUM_BUCKETS, ROLES
-from controlplane.gateway.models import ClientKey, PoolSpec, RoutingTable
+from controlplane.fleet.pools import ROLES, PoolRole
+from controlplane.gateway import bus, explorer
+from controlplane.gateway.cohort import NUM_BUCKETS
+from controlplane.gateway.models import (
+    MAX_OUTPUT_TOKENS_LIMIT,
+    ClientKey,
+    PoolSpec,
+    RequestLog,
+    RoutingTable,
+)
 
 MAX_ACK_WAIT_SECONDS = 10.0
 
 
 # ---- serializers -----------------------------------------------------------------
-class RoutingPoolSerializer(serializers.Serializer):
+class RoutingPoolSerializer(StrictSerializer):
     pool = serializers.SlugRelatedField(slug_field="name", queryset=Pool.objects.all())
     role = serializers.ChoiceField(choices=ROLES)
     weight_bp = serializers.IntegerField(min_value=0, max_value=NUM_BUCKETS)
 
 
-class TableConfigSerializer(serializers.Serializer):
+class TableConfigSerializer(StrictSerializer):
     pools = RoutingPoolSerializer(many=True, help_text="the whole table: pools left out are removed")
     salt = serializers.CharField(
         max_length=64, required=False, help_text="changing it reshuffles every sticky key; omit to keep it"
     )
-    reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
-
-
-class WeightsSerializer(serializers.Serializer):
-    weights = serializers.DictField(
-        child=serializers.IntegerField(min_value=0, max_value=NUM_BUCKETS),
-        allow_empty=False,
-        help_text='basis points by role or pool name, e.g. {"canary": 2000, "stable": 8000}; others keep theirs',
+    max_output_tokens = serializers.IntegerField(
+        min_value=1,
+        max_value=MAX_OUTPUT_TOKENS_LIMIT,
+        required=False,
+        allow_null=True,
+        help_text="cap on the output tokens one request may ask for (more is refused with a 400; a request naming "
+        "no limit gets the cap); null: no cap; omit to keep it",
     )
     reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
 
 
-class GatewayAckSerializer(serializers.Serializer):
+class WeightsSerializer(StrictSerializer):
+    weights = serializers.DictField(
+        child=serializers.IntegerField(min_value=0, max_value=NUM_BUCKETS),
+        allow_empty=False,
+        required=False,
+        help_text='basis points by role or pool name, e.g. {"canary": 2000, "stable": 8000}; others keep theirs',
+    )
+    max_output_tokens = serializers.IntegerField(
+        min_value=1,
+        max_value=MAX_OUTPUT_TOKENS_LIMIT,
+        required=False,
+        allow_null=True,
+        help_text="cap on the output tokens one request may ask for; null: no cap; omit to keep it",
+    )
+    reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if "weights" not in attrs and "max_output_tokens" not in attrs:
+            raise serializers.ValidationError({"weights": ["give `weights`, `max_output_tokens` or both."]})
+        return attrs
+
+
+class GatewayAckSerializer(StrictSerializer):
     id = serializers.CharField()
     address = serializers.CharField()
     hostname = serializers.CharField()
@@ -76,17 +116,24 @@ class GatewayAckSerializer(serializers.Serializer):
     current = serializers.BooleanField(help_text="acked the table's current epoch (or a later one)")
 
 
-class AckStatusSerializer(serializers.Serializer):
+class AckStatusSerializer(StrictSerializer):
     epoch = serializers.IntegerField()
-    complete = serializers.BooleanField(help_text="every live gateway applied this epoch")
+    state = serializers.ChoiceField(
+        choices=[bus.ACKS_COMPLETE, bus.ACKS_PENDING, bus.ACKS_UNKNOWN],
+        help_text="unknown while Redis, where gateways ack, is unreachable (gateways is then empty)",
+    )
+    complete = serializers.BooleanField(help_text="every live gateway applied this epoch (false while unknown)")
     gateways = GatewayAckSerializer(many=True)
 
 
-class RoutingTableSerializer(serializers.Serializer):
+class RoutingTableSerializer(StrictSerializer):
     model = serializers.CharField()
     salt = serializers.CharField()
     epoch = serializers.IntegerField()
     updated_at = serializers.DateTimeField()
+    max_output_tokens = serializers.IntegerField(
+        allow_null=True, help_text="cap on one request's output tokens; null: none (the workers' default)"
+    )
     pools = serializers.SerializerMethodField()
     acks = serializers.SerializerMethodField()
 
@@ -96,18 +143,14 @@ class RoutingTableSerializer(serializers.Serializer):
 
     @extend_schema_field(AckStatusSerializer)
     def get_acks(self, table: RoutingTable) -> dict[str, Any]:
-        gateways = self.context.get("gateways")
-        if gateways is None:
-            gateways = bus.live_gateways()
+        gateways = self.context["gateways"] if "gateways" in self.context else bus.live_gateways_if_known()
         return bus.AckStatus(table.pk, table.epoch, gateways).as_dict()
 
 
 def _members(table: RoutingTable) -> list[Any]:
-    from controlplane.gateway.cohort import Role as CohortRole
-
     prefetched = getattr(table, "_prefetched_objects_cache", {}).get("pools")
     members = list(prefetched) if prefetched is not None else list(table.pools.select_related("pool"))
-    return sorted(members, key=lambda m: CohortRole(m.role).order)
+    return sorted(members, key=lambda m: PoolRole(m.role).order)
 
 
 def _tables() -> QuerySet[RoutingTable]:
@@ -125,7 +168,7 @@ class RoutingTableListView(APIView):
 
     @extend_schema(responses=RoutingTableSerializer(many=True))
     def get(self, request: Request) -> Response:
-        gateways = bus.live_gateways()
+        gateways = bus.live_gateways_if_known()
         return Response(RoutingTableSerializer(_tables(), many=True, context={"gateways": gateways}).data)
 
 
@@ -150,6 +193,8 @@ class RoutingTableView(APIView):
             if table is None:
                 table = RoutingTable.create_audited(model, actor=request.user, salt=data.get("salt"))
             table.configure(specs, actor=request.user, reason=data["reason"], salt=data.get("salt"))
+            if "max_output_tokens" in data:
+                table.set_output_cap(data["max_output_tokens"], actor=request.user, reason=data["reason"])
         return Response(_render(table), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
     @extend_schema(request=WeightsSerializer, responses=RoutingTableSerializer)
@@ -157,7 +202,12 @@ class RoutingTableView(APIView):
         body = WeightsSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         table = get_object_or_404(RoutingTable, model=model)
-        table.set_weights(body.validated_data["weights"], actor=request.user, reason=body.validated_data["reason"])
+        data = body.validated_data
+        with transaction.atomic():
+            if "weights" in data:
+                table.set_weights(data["weights"], actor=request.user, reason=data["reason"])
+            if "max_output_tokens" in data:
+                table.set_output_cap(data["max_output_tokens"], actor=request.user, reason=data["reason"])
         return Response(_render(table))
 
     @extend_schema(responses={204: None})
@@ -174,7 +224,9 @@ class RoutingAcksView(APIView):
     @extend_schema(
         parameters=[
             OpenApiParameter("epoch", int, description="default: the table's current epoch"),
-            OpenApiParameter("wait", float, description=f"seconds to wait for every ack, at most {MAX_ACK_WAIT_SECONDS:g}"),
+            OpenApiParameter(
+                "wait", float, description=f"seconds to wait for every ack, at most {MAX_ACK_WAIT_SECONDS:g}"
+            ),
         ],
         responses=AckStatusSerializer,
     )
@@ -231,13 +283,24 @@ class GatewayListView(APIView):
 
 
 # ---- client keys ----------------------------------------------------------------------
-class ClientKeySerializer(serializers.ModelSerializer):
+class ClientKeySerializer(AuditedSerializer):
     key = serializers.SerializerMethodField(help_text="the key itself: in the create reply only, never again")
     created_by = serializers.CharField(source="created_by.username", read_only=True, default=None)
 
     class Meta:
         model = ClientKey
-        fields = ["id", "name", "key", "key_prefix", "is_admin", "active", "created", "created_by", "last_used"]
+        fields = [
+            "id",
+            "name",
+            "key",
+            "key_prefix",
+            "is_admin",
+            "max_output_tokens",
+            "active",
+            "created",
+            "created_by",
+            "last_used",
+        ]
         read_only_fields = ["key_prefix", "created", "last_used"]
 
     @extend_schema_field(serializers.CharField(allow_null=True))
@@ -245,7 +308,7 @@ class ClientKeySerializer(serializers.ModelSerializer):
         return getattr(obj, "plaintext", None)
 
     def create(self, validated: dict[str, Any]) -> ClientKey:
-        key, plaintext = ClientKey.issue(created_by=self.context["request"].user, **validated)
+        key, plaintext = ClientKey.issue(actor=self.actor(), created_by=self.actor(), **validated)
         key.plaintext = plaintext  # type: ignore[attr-defined]
         return key
 
@@ -261,7 +324,6 @@ class ClientKeyViewSet(AuditedModelViewSet):
     its history; delete removes it."""
 
     serializer_class = ClientKeySerializer
-    audit_name = "clientkey"
     read_role = Role.ADMIN
     write_role = Role.ADMIN
 
@@ -272,3 +334,117 @@ class ClientKeyViewSet(AuditedModelViewSet):
         with transaction.atomic():
             instance.announce()
             super().perform_destroy(instance)
+
+
+# ---- the request log ---------------------------------------------------------------------
+_REQUEST_FILTERS = [
+    OpenApiParameter("since", str, description="ISO 8601 time, inclusive"),
+    OpenApiParameter("until", str, description="ISO 8601 time, exclusive"),
+    OpenApiParameter("model", str),
+    OpenApiParameter("cohort", str, enum=list(ROLES)),
+    OpenApiParameter("pool", str, description="pool name"),
+    OpenApiParameter("worker", str, description="worker name"),
+    OpenApiParameter("revision", int, description="profile revision id"),
+    OpenApiParameter("prefill_mode", str, enum=["chunked", "monolithic"]),
+    OpenApiParameter("split", str, enum=list(explorer.SPLITS), description="chunked: the prompt was split"),
+    OpenApiParameter("status", str, description="an HTTP status, ok or failed"),
+    OpenApiParameter("bucket", str, description="prompt-length bucket: <=512, <=2K, <=8K, <=32K, >32K"),
+    OpenApiParameter("slow_by", str, enum=list(explorer.SLOW_BY)),
+    OpenApiParameter("slow_above", float, description="seconds: only rows whose slow_by figure is above"),
+    OpenApiParameter("sort", str, enum=list(explorer.SORTS)),
+    OpenApiParameter("order", str, enum=["desc", "asc"]),
+]
+_STORE_DOWN = {"detail": "the request log's database is unavailable; retry shortly."}
+
+
+class RequestListView(APIView):
+    """The gateways' request log, filtered and sorted, one keyset page at a
+    time: pass ``next`` back as ``cursor`` for the next page."""
+
+    @extend_schema(
+        operation_id="requests_list",
+        parameters=[*_REQUEST_FILTERS, OpenApiParameter("cursor", str), OpenApiParameter("limit", int)],
+        responses=inline_serializer(
+            "RequestPage",
+            {
+                "results": serializers.ListField(child=serializers.DictField()),
+                "next": serializers.CharField(allow_null=True),
+            },
+        ),
+    )
+    def get(self, request: Request) -> Response:
+        query = explorer.parse(request.query_params)
+        try:
+            rows, cursor = query.page()
+        except DatabaseError:
+            return Response(_STORE_DOWN, status=503)
+        return Response({"results": rows, "next": cursor})
+
+
+class RequestDetailView(APIView):
+    """One request: its row, its timeline and the gaps between its tokens."""
+
+    @extend_schema(
+        responses=inline_serializer(
+            "RequestDetail",
+            {
+                "request": serializers.DictField(),
+                "timeline": serializers.ListField(child=serializers.DictField()),
+                "gaps": serializers.ListField(child=serializers.FloatField()),
+            },
+        )
+    )
+    def get(self, request: Request, pk: int) -> Response:
+        try:
+            row = get_object_or_404(RequestLog.objects.select_related("pool", "worker"), pk=pk)
+        except DatabaseError:
+            return Response(_STORE_DOWN, status=503)
+        data = {c: getattr(row, c) for c in explorer.COLUMNS if c not in ("pool", "worker")}
+        data["pool"] = row.pool.name if row.pool else None
+        data["worker"] = row.worker.name if row.worker else None
+        return Response(
+            {
+                "request": data,
+                "timeline": [dataclasses.asdict(e) for e in explorer.timeline(row)],
+                "gaps": explorer.gaps(row),
+            }
+        )
+
+
+async def _pulled(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
+    """Each chunk read on Django's one synchronous thread, where the export's cursor lives."""
+
+    def pull() -> bytes | None:
+        return next(chunks, None)
+
+    read = sync_to_async(pull, thread_sensitive=True)
+    while (chunk := await read()) is not None:
+        yield chunk
+
+
+class RequestExportView(APIView):
+    """The whole filtered set, streamed: ``as=csv`` or ``as=jsonl`` (not
+    ``format``, which DRF keeps for its own renderers)."""
+
+    @extend_schema(
+        parameters=[*_REQUEST_FILTERS, OpenApiParameter("as", str, enum=["csv", "jsonl"])],
+        responses={(200, "text/csv"): str, (200, "application/jsonl"): str},
+    )
+    def get(self, request: Request) -> HttpResponseBase:
+        fmt = request.query_params.get("as", "csv")
+        if fmt not in ("csv", "jsonl"):
+            raise ValidationError({"as": ["csv or jsonl."]})
+        query = explorer.parse(request.query_params)
+        lines = explorer.csv_lines(query) if fmt == "csv" else explorer.jsonl_lines(query)
+        try:
+            first = next(lines, b"")  # opens the cursor: a database that is away is a 503, not a broken stream
+        except DatabaseError:
+            return Response(_STORE_DOWN, status=503)
+        content_type = "text/csv; charset=utf-8" if fmt == "csv" else "application/jsonl; charset=utf-8"
+        chunks = itertools.chain([first], lines)
+        # Under ASGI a synchronous iterator would be read whole into memory
+        # before the first byte went out: hand Django an async one there.
+        body = _pulled(chunks) if isinstance(request._request, ASGIRequest) else chunks
+        response = StreamingHttpResponse(body, content_type=content_type)
+        response["Content-Disposition"] = f'attachment; filename="requests.{fmt}"'
+        return response

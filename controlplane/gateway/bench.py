@@ -29,6 +29,7 @@ import random
 import shutil
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,8 +78,9 @@ class Load:
     seed: int = 0
 
 
-async def _one_stream(client: Upstream, target: Target, body: bytes, headers: list[tuple[bytes, bytes]],
-                      record: bool) -> None:
+async def _one_stream(
+    client: Upstream, target: Target, body: bytes, headers: list[tuple[bytes, bytes]], record: bool
+) -> None:
     started = time.perf_counter()
     try:
         response = await client.send(target.url + "/v1/completions", headers, body)
@@ -95,14 +97,22 @@ async def _one_stream(client: Upstream, target: Target, body: bytes, headers: li
             target.errors += 1
 
 
-async def _phase(target: Target, load: Load, headers: list[tuple[bytes, bytes]], rng: random.Random,
-                 seconds: float, record: bool) -> None:
+async def _phase(
+    target: Target, load: Load, headers: list[tuple[bytes, bytes]], rng: random.Random, seconds: float, record: bool
+) -> None:
     client = target.client
     deadline = time.perf_counter() + seconds
     bodies = [
-        json.dumps({"model": load.model, "prompt": "Say something.", "stream": True,
-                    "max_tokens": rng.randint(load.min_tokens, load.max_tokens), "temperature": 0,
-                    "ignore_eos": True}).encode()
+        json.dumps(
+            {
+                "model": load.model,
+                "prompt": "Say something.",
+                "stream": True,
+                "max_tokens": rng.randint(load.min_tokens, load.max_tokens),
+                "temperature": 0,
+                "ignore_eos": True,
+            }
+        ).encode()
         for _ in range(4096)
     ]
 
@@ -117,8 +127,9 @@ async def _phase(target: Target, load: Load, headers: list[tuple[bytes, bytes]],
     await asyncio.gather(*(loop(i, stagger * i / load.num_streams) for i in range(load.num_streams)))
 
 
-async def run_load(targets: list[Target], load: Load, headers: list[tuple[bytes, bytes]],
-                   progress: callable | None = None) -> None:  # type: ignore[valid-type]
+async def run_load(
+    targets: list[Target], load: Load, headers: list[tuple[bytes, bytes]], progress: Callable[[str], None] | None = None
+) -> None:
     rng = random.Random(load.seed)
     for target in targets:
         await _phase(target, load, headers, rng, load.warmup_seconds, record=False)
@@ -129,10 +140,15 @@ async def run_load(targets: list[Target], load: Load, headers: list[tuple[bytes,
             await target.client.close()
 
 
-async def _rounds(targets: list[Target], load: Load, headers: list[tuple[bytes, bytes]], rng: random.Random,
-                  progress: callable | None) -> None:  # type: ignore[valid-type]
+async def _rounds(
+    targets: list[Target],
+    load: Load,
+    headers: list[tuple[bytes, bytes]],
+    rng: random.Random,
+    progress: Callable[[str], None] | None,
+) -> None:
     for round_index in range(load.num_rounds):
-        order = targets[round_index % len(targets):] + targets[: round_index % len(targets)]
+        order = targets[round_index % len(targets) :] + targets[: round_index % len(targets)]
         for target in order:
             cpu_before, started = cpu_seconds(target.pids), time.perf_counter()
             await _phase(target, load, headers, rng, load.phase_seconds, record=True)
@@ -217,8 +233,11 @@ def summary(targets: list[Target]) -> dict[str, dict[str, float]]:
             row[f"p{q}_ms"] = t.percentile(q) * 1000 if t.ttfts else float("nan")
             row[f"added_p{q}_ms"] = (t.percentile(q) - direct.percentile(q)) * 1000 if t.ttfts else float("nan")
         for q in (50, 99):  # round by round against direct's same round, then the median
-            paired = [(_percentile(mine, q) - _percentile(theirs, q)) * 1000
-                      for mine, theirs in zip(t.rounds(), direct.rounds(), strict=True) if mine and theirs]
+            paired = [
+                (_percentile(mine, q) - _percentile(theirs, q)) * 1000
+                for mine, theirs in zip(t.rounds(), direct.rounds(), strict=True)
+                if mine and theirs
+            ]
             row[f"round_added_p{q}_ms"] = statistics.median(paired) if paired else float("nan")
         row["mean_ms"] = statistics.fmean(t.ttfts) * 1000 if t.ttfts else float("nan")
         # The proxy's CPU per stream served (direct: no proxy, 0).

@@ -22,12 +22,13 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
 import redis
 
+from controlplane import embedded
 from controlplane.gateway import conf
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ NOTICE_KEYS = "keys"
 
 
 def prefix() -> str:
-    return conf.redis_prefix()
+    return conf.GATEWAY_REDIS_PREFIX.get()
 
 
 def notices_channel() -> str:
@@ -64,6 +65,7 @@ def _client(url: str) -> redis.Redis:
 def client() -> redis.Redis:
     from django.conf import settings
 
+    embedded.lease_if_embedded()
     return _client(settings.REDIS_URL)
 
 
@@ -71,8 +73,8 @@ def publish_notice(kind: str, **fields: Any) -> None:
     """Tell gateways to reload now. Never fatal: they poll anyway."""
     try:
         client().publish(notices_channel(), json.dumps({"kind": kind, **fields}))
-    except redis.RedisError:
-        log.warning("could not publish a %s notice; gateways will see it on their next poll", kind, exc_info=True)
+    except redis.RedisError as exc:
+        log.warning("could not publish a %s notice (%s); gateways will see it on their next poll", kind, exc)
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,7 @@ class GatewayInfo:
     started_at: float  # unix time
     last_seen: float  # unix time of its last liveness refresh
     acks: dict[str, int]  # table id → epoch applied
+    streams: dict[str, Any] = field(default_factory=dict)  # its streams in flight (inflight.InFlight.summary)
 
     def acked(self, table_id: int) -> int:
         return self.acks.get(str(table_id), 0)
@@ -114,10 +117,39 @@ def _parse(instance_id: str, raw: dict[bytes, bytes]) -> GatewayInfo | None:
             started_at=float(info.get("started_at", 0.0)),
             last_seen=float(raw.get(b"last_seen", b"0")),
             acks=acks,
+            streams=_streams(raw.get(b"streams")),
         )
     except (ValueError, TypeError, AttributeError):
         log.warning("gateway %s has an unreadable liveness record", instance_id)
         return None
+
+
+def _streams(raw: bytes | None) -> dict[str, Any]:
+    try:
+        data = json.loads(raw) if raw else {}
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def silent_streams(gateways: list[GatewayInfo] | None = None) -> list[dict[str, Any]]:
+    """Streams silent past each gateway's threshold, summed over the live
+    gateways by model, cohort, pool and worker: [{model, cohort, pool, worker, streams}]."""
+    totals: dict[tuple[str, str, str, str], int] = {}
+    for gateway in live_gateways() if gateways is None else gateways:
+        for item in gateway.streams.get("silent") or []:
+            if not isinstance(item, dict) or not isinstance(item.get("streams"), int):
+                continue
+            key = (
+                str(item.get("model", "")),
+                str(item.get("cohort", "")),
+                str(item.get("pool", "")),
+                str(item.get("worker", "")),
+            )
+            totals[key] = totals.get(key, 0) + item["streams"]
+    return [
+        {"model": m, "cohort": c, "pool": p, "worker": w, "streams": n} for (m, c, p, w), n in sorted(totals.items())
+    ]
 
 
 def live_gateways(conn: redis.Redis | None = None) -> list[GatewayInfo]:
@@ -142,37 +174,60 @@ def live_gateways(conn: redis.Redis | None = None) -> list[GatewayInfo]:
     return sorted(gateways, key=lambda g: g.id)
 
 
+def live_gateways_if_known(conn: redis.Redis | None = None) -> list[GatewayInfo] | None:
+    """``live_gateways()``, or None while Redis is unreachable: who is live
+    is then unknown, which is not the same as nobody."""
+    try:
+        return live_gateways(conn)
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        log.warning("Redis unreachable; gateway acks unknown: %s", exc)
+        return None
+
+
+ACKS_COMPLETE = "complete"
+ACKS_PENDING = "pending"
+ACKS_UNKNOWN = "unknown"  # Redis is unreachable: nobody can say
+
+
 @dataclass(frozen=True)
 class AckStatus:
-    """Where the gateways stand on one table's epoch."""
+    """Where the gateways stand on one table's epoch (``gateways`` None: unknown)."""
 
     table_id: int
     epoch: int
-    gateways: list[GatewayInfo]
+    gateways: list[GatewayInfo] | None
 
     @property
     def pending(self) -> list[GatewayInfo]:
-        return [g for g in self.gateways if g.acked(self.table_id) < self.epoch]
+        return [g for g in self.gateways or [] if g.acked(self.table_id) < self.epoch]
 
     @property
     def complete(self) -> bool:
         """Every live gateway applied ``epoch`` (or a later one). True with no
-        gateway at all: nothing routes by the old weights then."""
-        return not self.pending
+        gateway at all: nothing routes by the old weights then. Never while
+        unknown: a rollout waits rather than guess."""
+        return self.gateways is not None and not self.pending
+
+    @property
+    def state(self) -> str:
+        if self.gateways is None:
+            return ACKS_UNKNOWN
+        return ACKS_COMPLETE if self.complete else ACKS_PENDING
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "epoch": self.epoch,
+            "state": self.state,
             "complete": self.complete,
             "gateways": [
                 {**g.as_dict(), "acked_epoch": g.acked(self.table_id), "current": g.acked(self.table_id) >= self.epoch}
-                for g in self.gateways
+                for g in self.gateways or []
             ],
         }
 
 
 def ack_status(table_id: int, epoch: int, conn: redis.Redis | None = None) -> AckStatus:
-    return AckStatus(table_id, epoch, live_gateways(conn))
+    return AckStatus(table_id, epoch, live_gateways_if_known(conn))
 
 
 def wait_for_acks(table_id: int, epoch: int, timeout_seconds: float) -> AckStatus:

@@ -19,31 +19,18 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
-from enum import StrEnum
+
+from controlplane.fleet.pools import PoolRole
 
 NUM_BUCKETS = 10_000  # one per basis point
 
 
-class Role(StrEnum):
-    """A pool's part in a table, in layout order."""
-
-    CANARY = "canary"
-    BASELINE = "baseline"
-    STABLE = "stable"
-
-    @property
-    def order(self) -> int:
-        return _ROLE_ORDER[self]
-
-
-_ROLE_ORDER = {Role.CANARY: 0, Role.BASELINE: 1, Role.STABLE: 2}
-ROLES: tuple[str, ...] = tuple(role.value for role in Role)
-
-
 def bucket_of(salt: str, sticky_key: str) -> int:
     """sha256(salt + key) read as a number, modulo 10000. Stable across
-    processes, hosts and Python versions (unlike ``hash()``)."""
-    digest = hashlib.sha256((salt + sticky_key).encode()).digest()
+    processes, hosts and Python versions (unlike ``hash()``). A lone
+    surrogate (valid in a JSON ``user``, with no UTF-8 form) is hashed as
+    its code point rather than failing the request."""
+    digest = hashlib.sha256((salt + sticky_key).encode("utf-8", "surrogatepass")).digest()
     return int.from_bytes(digest[:8], "big") % NUM_BUCKETS
 
 
@@ -53,7 +40,7 @@ class Slot:
 
     start: int
     end: int
-    role: Role
+    role: PoolRole
     member: int
 
 
@@ -62,7 +49,7 @@ class Layout:
     slots: tuple[Slot, ...]
 
     @classmethod
-    def build(cls, weights: Iterable[tuple[Role, int, int]]) -> Layout:
+    def build(cls, weights: Iterable[tuple[PoolRole, int, int]]) -> Layout:
         """``weights``: (role, member, weight_bp) for each pool of a table.
 
         Members are laid out by role order, then by member, so every gateway
@@ -71,11 +58,11 @@ class Layout:
         leave the tail unassigned rather than guessing."""
         slots = []
         start = 0
-        for role, member, weight_bp in sorted(weights, key=lambda w: (Role(w[0]).order, w[1])):
+        for role, member, weight_bp in sorted(weights, key=lambda w: (PoolRole(w[0]).order, w[1])):
             if weight_bp <= 0:
                 continue
             end = min(start + weight_bp, NUM_BUCKETS)
-            slots.append(Slot(start, end, Role(role), member))
+            slots.append(Slot(start, end, PoolRole(role), member))
             start = end
         return cls(tuple(slots))
 
@@ -100,6 +87,6 @@ def sticky_key(session: str | None, user: object, api_key_id: int | None) -> str
     return None
 
 
-def share_of(layout: Layout, role: Role) -> int:
+def share_of(layout: Layout, role: PoolRole) -> int:
     """Basis points the layout gives ``role`` (for tests and the UI)."""
     return sum(slot.end - slot.start for slot in layout.slots if slot.role == role)

@@ -14,6 +14,10 @@ from typing import Any
 
 from django.db import transaction
 
+from controlplane.fleet.models import Pool
+from controlplane.gateway.models import ClientKey, PoolSpec, RoutingTable
+from controlplane.launcher import ProcessSpec
+
 ACTOR = "system:demo"
 DEMO_KEY_NAME = "demo: load generator"
 GATEWAY_PORT = 8080
@@ -25,32 +29,26 @@ def seed(model: str, *, stable_pool: str = "stable", canary_pool: str = "canary"
     canary pool at 0 until a rollout moves it), and a fresh admin client key
     (the load generator's; keys of earlier runs are revoked). Returns the
     key. Safe on every start: an existing table keeps its weights and salt."""
-    from controlplane import audit
-    from controlplane.fleet.models import Pool
-    from controlplane.gateway.models import ClientKey, PoolSpec, RoutingTable
-
     table = RoutingTable.objects.filter(model=model).first()
     if table is None:
         table = RoutingTable.create_audited(model, actor=ACTOR)
         table.configure(
-            [PoolSpec(Pool.objects.get(name=stable_pool), "stable", 10000),
-             PoolSpec(Pool.objects.get(name=canary_pool), "canary", 0)],
+            [
+                PoolSpec(Pool.objects.get(name=stable_pool), "stable", 10000),
+                PoolSpec(Pool.objects.get(name=canary_pool), "canary", 0),
+            ],
             actor=ACTOR,
             reason="demo seed",
             require_ready=False,  # the workers start after the seed
         )
     for old in ClientKey.objects.filter(name=DEMO_KEY_NAME):
-        audit.record(ACTOR, "clientkey.delete", old, audit.snapshot(old), None)
-        old.delete()
-    key, plaintext = ClientKey.issue(DEMO_KEY_NAME, is_admin=True)
-    audit.record(ACTOR, "clientkey.create", key, None, audit.snapshot(key))
+        old.delete_audited(ACTOR)
+    _, plaintext = ClientKey.issue(DEMO_KEY_NAME, is_admin=True, actor=ACTOR)
     return plaintext
 
 
 def process_spec(ctx: Any, port: int = GATEWAY_PORT) -> Any:
     """``manage.py rungateway`` as a demo process (``ctx``: the demo's DemoContext)."""
-    from controlplane.launcher import ProcessSpec
-
     return ProcessSpec(
         "gateway",
         [sys.executable, "manage.py", "rungateway", "--host", ctx.host, "--port", str(port)],

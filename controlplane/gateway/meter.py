@@ -18,6 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 EVENT_END = b"\n\n"
+# Gaps between token events kept per stream for the request's timeline
+# chart (the largest is kept apart, whatever the count).
+MAX_GAPS = 256
 # An upstream that never ends an event (not SSE after all) is passed through
 # once this much is held, rather than buffered without bound.
 MAX_HELD_BYTES = 1 << 16
@@ -79,7 +82,9 @@ class StreamMeter:
     num_token_events: int = 0
     usage: Usage | None = None
     upstream_error: str | None = None  # an error event the worker sent mid-stream
+    facts: Any = None  # the engine's per-request facts (``chunkpilot`` key of the usage event)
     done: bool = False
+    gaps: list[float] = field(default_factory=list)  # the first MAX_GAPS gaps between token events
     _held: bytes = field(default=b"", repr=False)
 
     def feed(self, chunk: bytes, now: float) -> bytes:
@@ -132,6 +137,7 @@ class StreamMeter:
         choices = obj.get("choices")
         if obj.get("usage"):
             self.usage = Usage.parse(obj["usage"]) or self.usage
+            self.facts = obj.get("chunkpilot", self.facts)
             if self.strip_usage and not choices:
                 return False
         if choices and any(_has_content(choice) for choice in choices):
@@ -145,6 +151,8 @@ class StreamMeter:
             gap = now - (self.last_token_at or now)
             if gap > self.max_gap_seconds:
                 self.max_gap_seconds = gap
+            if len(self.gaps) < MAX_GAPS:
+                self.gaps.append(gap)
         self.last_token_at = now
         self.num_token_events += 1
 

@@ -1,6 +1,6 @@
 """The gateway's own ``/metrics``: what clients saw, per model and cohort.
 
-Names follow DESIGN.md's ``chunkpilot:*`` vocabulary, with the bucket
+Names follow the ``chunkpilot:*`` vocabulary (docs/architecture.md, "Metrics"), with the bucket
 boundaries of the workers' matching vLLM histograms so a dashboard can put
 the gateway's view beside the engine's.
 """
@@ -58,28 +58,38 @@ class GatewayMetrics:
         self.ttft = Histogram(
             "chunkpilot:gateway_time_to_first_token_seconds",
             "Arrival at the gateway to the first generated text, streamed requests.",
-            LABELS, buckets=TIME_TO_FIRST_TOKEN_BUCKETS, registry=r,
+            LABELS,
+            buckets=TIME_TO_FIRST_TOKEN_BUCKETS,
+            registry=r,
         )
         self.e2e = Histogram(
             "chunkpilot:gateway_e2e_request_latency_seconds",
             "Arrival at the gateway to the end of the response.",
-            LABELS, buckets=REQUEST_LATENCY_BUCKETS, registry=r,
+            LABELS,
+            buckets=REQUEST_LATENCY_BUCKETS,
+            registry=r,
         )
         self.max_gap = Histogram(
             "chunkpilot:gateway_request_max_gap_seconds",
             "Each streamed request's largest gap between two token events (stalls).",
-            LABELS, buckets=MAX_GAP_BUCKETS, registry=r,
+            LABELS,
+            buckets=MAX_GAP_BUCKETS,
+            registry=r,
         )
         self.tpot = Histogram(
             "chunkpilot:gateway_time_per_output_token_seconds",
             "Each streamed request's time per output token after the first.",
-            LABELS, buckets=INTER_TOKEN_LATENCY_BUCKETS, registry=r,
+            LABELS,
+            buckets=INTER_TOKEN_LATENCY_BUCKETS,
+            registry=r,
         )
         self.upstream_errors = Counter(
             "chunkpilot:gateway_upstream_errors",
             "Failed attempts on a worker: connect (before any byte, retried elsewhere), "
-            "status (a retryable 429/5xx, retried elsewhere) or stream (broke mid-stream).",
-            ["pool", "worker", "kind"], registry=r,
+            "status (the worker did not admit the request: 429 queue_full or 503 worker_*, retried elsewhere), "
+            "timeout (no response head in time, 504) or stream (the reply broke off after it began).",
+            ["pool", "worker", "kind"],
+            registry=r,
         )
         self.log_dropped = Counter(
             "chunkpilot:gateway_request_log_dropped",

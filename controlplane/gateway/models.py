@@ -22,14 +22,16 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models, transaction
 from django.utils import timezone
 
 from controlplane import audit
+from controlplane.accounts.models import IssuedSecret
 from controlplane.fleet.models import Pool, Worker
+from controlplane.fleet.pools import ROLES, PoolRole
 from controlplane.gateway import bus
-from controlplane.gateway.cohort import NUM_BUCKETS, ROLES, Role
-from controlplane.gateway.state import hash_key
+from controlplane.gateway.cohort import NUM_BUCKETS
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
     Actor = AbstractBaseUser | AnonymousUser | str | None
 
 ROLE_CHOICES = [(role, role) for role in ROLES]
+MAX_OUTPUT_TOKENS_LIMIT = 10_000_000  # bounds a cap's value, far above any context length
 CLIENT_KEY_PREFIX = "cpk_"
 
 
@@ -58,6 +61,13 @@ class RoutingTable(models.Model):
     salt = models.CharField(max_length=64, default=new_salt, help_text="changing it reshuffles every sticky key")
     epoch = models.PositiveBigIntegerField(default=1, help_text="bumped by every change; gateways ack it")
     updated_at = models.DateTimeField(default=timezone.now)
+    max_output_tokens = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(MAX_OUTPUT_TOKENS_LIMIT)],
+        help_text="the most output tokens one request to this model may ask for (a request asking for more is "
+        "refused; one naming no limit gets this one); empty: no cap, the workers' default",
+    )
 
     class Meta:
         ordering = ["model"]
@@ -67,7 +77,7 @@ class RoutingTable(models.Model):
 
     # ---- reading ------------------------------------------------------------
     def members(self) -> list[RoutingPool]:
-        return sorted(self.pools.select_related("pool"), key=lambda m: Role(m.role).order)
+        return sorted(self.pools.select_related("pool"), key=lambda m: PoolRole(m.role).order)
 
     def weights(self) -> dict[str, int]:
         """Weight by role, e.g. {"canary": 2000, "stable": 8000}."""
@@ -80,6 +90,7 @@ class RoutingTable(models.Model):
             "model": self.model,
             "epoch": self.epoch,
             "salt": self.salt,
+            "max_output_tokens": self.max_output_tokens,
             "pools": [{"pool": m.pool.name, "role": m.role, "weight_bp": m.weight_bp} for m in members],
         }
 
@@ -135,8 +146,9 @@ class RoutingTable(models.Model):
                 m.weight_bp = new_weights[m.pk]
             RoutingPool.objects.bulk_update(changed, ["weight_bp"])
             table._bump(now, members)
-            audit.record(actor, "routing.set_weights", table, before, {**table.describe(members), "reason": reason},
-                         time=now)
+            audit.record(
+                actor, "routing.set_weights", table, before, {**table.describe(members), "reason": reason}, time=now
+            )
         self._refresh_from(table)
         return table.epoch
 
@@ -170,7 +182,9 @@ class RoutingTable(models.Model):
             held = {m.pool_id: m.weight_bp for m in members}
             _validate_weights(
                 [(s.pool, s.role, s.weight_bp) for s in specs],
-                rising_pools={s.pool.pk for s in specs if s.weight_bp > held.get(s.pool.pk, 0)} if require_ready else set(),
+                rising_pools={s.pool.pk for s in specs if s.weight_bp > held.get(s.pool.pk, 0)}
+                if require_ready
+                else set(),
             )
             table.pools.all().delete()
             RoutingPool.objects.bulk_create(
@@ -180,6 +194,35 @@ class RoutingTable(models.Model):
                 table.salt = salt
             table._bump(now, list(table.pools.select_related("pool")))
             audit.record(actor, "routing.configure", table, before, {**table.describe(), "reason": reason}, time=now)
+        self._refresh_from(table)
+        return table.epoch
+
+    def set_output_cap(
+        self, max_output_tokens: int | None, *, actor: Actor, reason: str = "", now: datetime | None = None
+    ) -> int:
+        """Cap (or, with None, uncap) the output tokens one request to this
+        model may ask for. Bumps the epoch like any change of the table, so
+        the cap reaches every gateway with its notice. Idempotent; returns
+        the epoch to wait for."""
+        if max_output_tokens is not None and not (
+            isinstance(max_output_tokens, int) and 1 <= max_output_tokens <= MAX_OUTPUT_TOKENS_LIMIT
+        ):
+            raise ValidationError(
+                {"max_output_tokens": [f"a cap is a whole number of tokens, 1 to {MAX_OUTPUT_TOKENS_LIMIT}, or null."]}
+            )
+        now = now or timezone.now()
+        with transaction.atomic():
+            table = RoutingTable.objects.select_for_update().get(pk=self.pk)
+            if table.max_output_tokens == max_output_tokens:
+                self._refresh_from(table)
+                return table.epoch
+            members = table.members()
+            before = table.describe(members)
+            table.max_output_tokens = max_output_tokens
+            table._bump(now, members)
+            audit.record(
+                actor, "routing.set_output_cap", table, before, {**table.describe(members), "reason": reason}, time=now
+            )
         self._refresh_from(table)
         return table.epoch
 
@@ -203,18 +246,20 @@ class RoutingTable(models.Model):
         a gateway applies a weight change without a database round trip."""
         self.epoch += 1
         self.updated_at = now
-        self.save(update_fields=["epoch", "updated_at", "salt"])
+        self.save(update_fields=["epoch", "updated_at", "salt", "max_output_tokens"])
         notice = {
             "table": self.pk,
             "model": self.model,
             "epoch": self.epoch,
             "salt": self.salt,
+            "max_output_tokens": self.max_output_tokens,
             "pools": [{"pool": m.pool_id, "role": m.role, "weight_bp": m.weight_bp} for m in members],
         }
         transaction.on_commit(lambda: bus.publish_notice(bus.NOTICE_ROUTING, **notice))
 
     def _refresh_from(self, table: RoutingTable) -> None:
         self.epoch, self.salt, self.updated_at = table.epoch, table.salt, table.updated_at
+        self.max_output_tokens = table.max_output_tokens
 
     # ---- gateways and their acks -----------------------------------------------------
     def ack_status(self, epoch: int | None = None) -> bus.AckStatus:
@@ -264,12 +309,9 @@ def _validate_weights(weighted: list[tuple[Pool, str, int]], *, rising_pools: se
     needy = [pool for pool, _, weight in weighted if weight > 0 and pool.pk in rising_pools]
     if not needy:
         return
-    routable = set(
-        Worker.objects.routable().filter(pool__in=needy).values_list("pool_id", flat=True).distinct()
-    )
+    routable = set(Worker.objects.routable().filter(pool__in=needy).values_list("pool_id", flat=True).distinct())
     errors = [
-        f"pool `{pool.name}` has no ready worker (ready, not cordoned, not draining) to take its "
-        f"{weight} bp."
+        f"pool `{pool.name}` has no ready worker (ready, not cordoned, not draining) to take its {weight} bp."
         for pool, _, weight in weighted
         if pool in needy and pool.pk not in routable
     ]
@@ -296,14 +338,26 @@ class RoutingPool(models.Model):
         return f"{self.table.model}: {self.role} {self.pool.name} {self.weight_bp}bp"
 
 
-class ClientKey(models.Model):
+class ClientKey(IssuedSecret, models.Model):
     """A key clients send to the gateway (``Authorization: Bearer cpk_…``).
     Only its SHA-256 is stored; the plaintext is shown once, at issue."""
+
+    audit_name = "clientkey"
+    SECRET_PREFIX = CLIENT_KEY_PREFIX
+    HASH_FIELD = "key_hash"
+    SHOWN_PREFIX_FIELD = "key_prefix"
 
     name = models.CharField(max_length=100, help_text="whose key, e.g. 'search frontend'")
     key_hash = models.CharField(max_length=64, unique=True, editable=False)
     key_prefix = models.CharField(max_length=12, editable=False, help_text="shown to tell keys apart")
     is_admin = models.BooleanField(default=False, help_text="may force a cohort with x-chunkpilot-cohort")
+    max_output_tokens = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(MAX_OUTPUT_TOKENS_LIMIT)],
+        help_text="the most output tokens one request with this key may ask for (with the model's cap, the "
+        "smaller holds); empty: no cap",
+    )
     active = models.BooleanField(default=True)
     created = models.DateTimeField(default=timezone.now)
     created_by = models.ForeignKey(
@@ -317,27 +371,18 @@ class ClientKey(models.Model):
     def __str__(self) -> str:
         return f"{self.name} ({self.key_prefix}…)"
 
-    @classmethod
-    def generate(cls) -> tuple[str, str, str]:
-        plaintext = CLIENT_KEY_PREFIX + secrets.token_urlsafe(32)
-        return plaintext, hash_key(plaintext), plaintext[: len(CLIENT_KEY_PREFIX) + 4]
-
-    @classmethod
-    def issue(cls, name: str, *, is_admin: bool = False, created_by: AbstractBaseUser | None = None,
-              **fields: Any) -> tuple[ClientKey, str]:
-        """Create a key; the plaintext is returned once and never stored.
-        Callers write the audit row (in the same transaction)."""
-        plaintext, key_hash, prefix = cls.generate()
-        user = created_by if created_by is not None and created_by.is_authenticated else None
-        key = cls.objects.create(
-            name=name, key_hash=key_hash, key_prefix=prefix, is_admin=is_admin, created_by=user, **fields
-        )
-        key.announce()
-        return key, plaintext
+    def issued(self) -> None:
+        self.announce()
 
     def announce(self) -> None:
         """Gateways reload their key set after this transaction commits."""
         transaction.on_commit(lambda: bus.publish_notice(bus.NOTICE_KEYS))
+
+
+# A request that did not end ok (``RequestLog.ok`` is false). Every filter on a
+# status other than 200, and ``status=failed``, implies it, so PostgreSQL can
+# answer those from the partial indexes below.
+NOT_OK = ~models.Q(status=200) | ~models.Q(error="")
 
 
 class RequestLog(models.Model):
@@ -361,9 +406,21 @@ class RequestLog(models.Model):
     max_gap_seconds = models.FloatField(null=True, help_text="largest gap between two token events (stall)")
     tpot_seconds = models.FloatField(null=True, help_text="time per output token after the first")
     e2e_seconds = models.FloatField(null=True, help_text="arrival → end of the response")
-    status = models.PositiveSmallIntegerField(help_text="HTTP status the client got; 499: it went away")
+    status = models.PositiveSmallIntegerField(
+        help_text="HTTP status the client got; 499: it went away; 598: the gateway ended a stream the worker "
+        "stopped feeding (GATEWAY_STREAM_IDLE_TIMEOUT_SECONDS)"
+    )
     error = models.TextField(blank=True)
     stream = models.BooleanField(default=False)
+    # The engine's own facts, as the worker reported them (null: it did not know).
+    prefill_mode = models.CharField(max_length=16, blank=True, help_text="chunked or monolithic, as it ran")
+    prompt_split = models.BooleanField(null=True, help_text="the prompt was prefilled in more than one chunk")
+    num_prefill_chunks = models.PositiveIntegerField(null=True, help_text="prefill chunks or steps it took")
+    computed_tokens = models.PositiveIntegerField(null=True, help_text="prompt tokens the engine computed")
+    queue_seconds = models.FloatField(null=True, help_text="engine arrival → first scheduled")
+    prefill_seconds = models.FloatField(null=True, help_text="first scheduled → first token")
+    preemptions = models.PositiveIntegerField(null=True)
+    timeline = models.JSONField(null=True, help_text='{"chunks": [[offset s, tokens]], "gaps": [s]}')
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -372,6 +429,33 @@ class RequestLog(models.Model):
             models.Index(fields=["cohort", "created_at"], name="reqlog_cohort_time"),
             models.Index(fields=["pool", "created_at"], name="reqlog_pool_time"),
             models.Index(fields=["worker", "created_at"], name="reqlog_worker_time"),
+            # The Requests page's keyset pagination: (sort key, id), one per sortable figure.
+            models.Index(fields=["created_at", "id"], name="reqlog_time_id"),
+            models.Index(fields=["ttft_seconds", "id"], name="reqlog_ttft_id"),
+            models.Index(fields=["max_gap_seconds", "id"], name="reqlog_gap_id"),
+            models.Index(fields=["e2e_seconds", "id"], name="reqlog_e2e_id"),
+            models.Index(fields=["tpot_seconds", "id"], name="reqlog_tpot_id"),
+            models.Index(fields=["queue_seconds", "id"], name="reqlog_queue_id"),
+            models.Index(fields=["prefill_seconds", "id"], name="reqlog_prefill_id"),
+            models.Index(fields=["profile_revision", "created_at"], name="reqlog_revision_time"),
+            models.Index(fields=["prefill_mode", "prompt_split", "created_at"], name="reqlog_mode_time"),
+            models.Index(fields=["status", "created_at"], name="reqlog_status_time"),
+            # The same (sort key, id) over the rows that did not end ok only: a filter on a
+            # rare status (598, 499, ``failed``) sorted by a figure otherwise walks the full
+            # index past ~1 000 rows per match (10M rows: 190-280 ms a first page); these are
+            # as small as failures are rare, and kept up only when a request fails.
+            *(
+                models.Index(fields=[column, "id"], name=f"reqlog_notok_{name}", condition=NOT_OK)
+                for name, column in (
+                    ("time", "created_at"),
+                    ("ttft", "ttft_seconds"),
+                    ("gap", "max_gap_seconds"),
+                    ("e2e", "e2e_seconds"),
+                    ("tpot", "tpot_seconds"),
+                    ("queue", "queue_seconds"),
+                    ("prefill", "prefill_seconds"),
+                )
+            ),
         ]
 
     def __str__(self) -> str:
@@ -388,7 +472,11 @@ class RequestLog(models.Model):
         cutoff = (now or timezone.now()) - older_than
         deleted = 0
         while True:
-            ids = list(cls.objects.filter(created_at__lt=cutoff).order_by("created_at").values_list("id", flat=True)[:batch_size])
+            ids = list(
+                cls.objects.filter(created_at__lt=cutoff)
+                .order_by("created_at")
+                .values_list("id", flat=True)[:batch_size]
+            )
             if not ids:
                 return deleted
             deleted += cls.objects.filter(id__in=ids).delete()[0]

@@ -13,10 +13,14 @@ of a completion request:
   4. Worker: the routable worker of that pool with the fewest requests in
      flight from this gateway; locally ejected workers (a failed connect) only
      as a last resort.
-  5. Attempt: forward the body. Until the worker's response head arrives the
-     client has seen nothing, so a refused connection or a retryable status
-     (429, 502-504) moves on to the next worker. A stream's 200 is taken up
-     in the worker socket's read callback (``_Relay``): the head and the
+  5. Attempt: forward the body. Only a connection that fails before the
+     worker's first byte, or the worker's refusal to admit the request (429
+     ``queue_full``, 503 ``worker_<state>``), moves on to the next worker.
+     Anything else the worker says (a 4xx about the request's own
+     parameters, a 5xx from an engine that failed on it) goes to the client
+     as it is, so one poisoned request cannot walk across a pool; so does a
+     reply that breaks off (502) or sends no head in time (504). A stream's
+     200 is taken up in the worker socket's read callback (``_Relay``): the head and the
      first events go to the client in one write, and every later read is
      piped through the meter to the client's socket from that callback, with
      no task woken per event; a slow client pauses the read from the worker.
@@ -38,10 +42,22 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote
 
-from controlplane.gateway.cohort import Role, bucket_of, sticky_key
-from controlplane.gateway.meter import StreamMeter, Usage, usage_of_body
+from controlplane.accounts.secrets import hash_secret
+from controlplane.fleet.pools import PoolRole
+from controlplane.gateway import facts
+from controlplane.gateway.cohort import bucket_of, sticky_key
+from controlplane.gateway.inflight import (
+    STATUS_STREAM_TIMED_OUT,
+    InFlight,
+    InFlightCollector,
+    Stream,
+    StreamLabels,
+)
+from controlplane.gateway.meter import StreamMeter, Usage
 from controlplane.gateway.metrics import CONTENT_TYPE, GatewayMetrics
+from controlplane.gateway.params import ParamError, apply_output_cap, check_request, output_cap
 from controlplane.gateway.server import Exchange, Headers
 from controlplane.gateway.state import (
     ClientKeyInfo,
@@ -50,7 +66,6 @@ from controlplane.gateway.state import (
     StateHolder,
     TableTarget,
     WorkerTarget,
-    hash_key,
 )
 from controlplane.gateway.upstream import (
     PendingResponse,
@@ -58,13 +73,19 @@ from controlplane.gateway.upstream import (
     UpstreamBroken,
     UpstreamClient,
     UpstreamResponse,
+    UpstreamTimedOut,
     UpstreamUnavailable,
 )
 
 log = logging.getLogger(__name__)
 
 COMPLETION_PATHS = ("/v1/completions", "/v1/chat/completions")
-RETRYABLE_STATUSES = frozenset({429, 502, 503, 504})
+MODEL_PATH = "/v1/models/"
+# A worker's refusal to admit a request: the only replies tried again on
+# another worker (with connections that fail before the first byte).
+DECLINED_STATUSES = frozenset({429, 503})
+DECLINED_CODES = frozenset({"queue_full"})
+DECLINED_CODE_PREFIX = "worker_"  # worker_draining, worker_starting, ...: not admitting
 SESSION_HEADER = b"x-chunkpilot-session"
 COHORT_HEADER = b"x-chunkpilot-cohort"
 # Response headers worth passing from a worker to the client; hop-by-hop
@@ -83,6 +104,9 @@ class ProxySettings:
     max_attempts: int = 3  # workers tried per request before giving up
     eject_seconds: float = 10.0  # how long a worker that refused a connection is passed over
     expose_routing_to_admins: bool = True  # x-chunkpilot-pool/-worker on admin keys' replies
+    stream_silence_seconds: float = 10.0  # a stream this long without a token counts as silent (gauges)
+    stream_idle_timeout_seconds: float = 120.0  # ... and this long is ended with an error event (0: never)
+    track_streams: bool = True  # off: no silence gauges, no idle timeout (to measure their cost)
 
 
 @dataclass(slots=True)
@@ -107,13 +131,30 @@ class RequestRecord:
     status: int = 0
     error: str = ""
     stream: bool = False
+    # The engine's facts (gateway/facts.py); None where it did not say.
+    prefill_mode: str = ""
+    prompt_split: bool | None = None
+    num_prefill_chunks: int | None = None
+    computed_tokens: int | None = None
+    queue_seconds: float | None = None
+    prefill_seconds: float | None = None
+    preemptions: int | None = None
+    timeline: dict[str, Any] | None = None  # {"chunks": [[offset s, tokens]], "gaps": [s]}
 
 
 class ApiError(Exception):
     """An error reply in OpenAI's shape."""
 
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 code: str | None = None, param: str | None = None, headers: Headers | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        code: str | None = None,
+        param: str | None = None,
+        headers: Headers | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.type, self.code, self.param = status, message, type, code, param
         self.headers = headers or []
@@ -125,8 +166,9 @@ class ApiError(Exception):
 
 
 def _no_capacity(message: str) -> ApiError:
-    return ApiError(503, message, type="service_unavailable", code="no_worker_available",
-                    headers=[(b"retry-after", b"1")])
+    return ApiError(
+        503, message, type="service_unavailable", code="no_worker_available", headers=[(b"retry-after", b"1")]
+    )
 
 
 @dataclass(slots=True)
@@ -149,6 +191,7 @@ class _Attempt:
     worker: WorkerTarget
     relay: _Relay | None
     pending: PendingResponse
+    error: ApiError | None = None  # why it failed, when another worker may try
 
 
 class Gateway:
@@ -185,10 +228,18 @@ class Gateway:
         self._known_keys_of: GatewayState | None = None
         self._observers: dict[tuple[str, str], tuple[Any, ...]] = {}  # metric children by (model, cohort)
         self.metrics.watch(self._epochs_by_model, self._outstanding_by_name)
+        self.inflight = InFlight(
+            clock,
+            silence_seconds=self.settings.stream_silence_seconds,
+            idle_timeout_seconds=self.settings.stream_idle_timeout_seconds,
+        )
+        self.metrics.registry.register(InFlightCollector(self.inflight))
+        self._watcher: asyncio.Future[None] | None = None
 
     # ---- lifecycle ------------------------------------------------------------
     async def startup(self) -> None:
         self._upstream = self._upstream_factory()
+        self._watcher = asyncio.ensure_future(self.inflight.watch())
         for hook in self._on_startup:
             await hook()
         # Everything loaded so far (Django, the modules, the first snapshot)
@@ -198,6 +249,8 @@ class Gateway:
         gc.freeze()
 
     async def shutdown(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
         for hook in self._on_shutdown:
             with contextlib.suppress(Exception):
                 await hook()
@@ -218,6 +271,9 @@ class Gateway:
             elif path == "/v1/models" and method == "GET":
                 self._authenticate(ex.headers, self.holder.current)
                 _json(ex, 200, self._models())
+            elif path.startswith(MODEL_PATH) and method == "GET":
+                self._authenticate(ex.headers, self.holder.current)
+                _json(ex, 200, self._model(unquote(path.removeprefix(MODEL_PATH))))
             elif path == "/health":
                 self._health(ex)
             elif path == "/metrics":
@@ -240,14 +296,14 @@ class Gateway:
 
     def _models(self) -> dict[str, Any]:
         tables = self.holder.current.tables
-        data = []
-        for model in sorted(tables):
-            card: dict[str, Any] = {"id": model, "object": "model", "created": 0, "owned_by": "chunkpilot"}
-            # vLLM's card field: clients (the load generator) size prompts by it.
-            if (max_model_len := tables[model].max_model_len) is not None:
-                card["max_model_len"] = max_model_len
-            data.append(card)
-        return {"object": "list", "data": data}
+        return {"object": "list", "data": [_model_card(tables[model]) for model in sorted(tables)]}
+
+    def _model(self, model: str) -> dict[str, Any]:
+        """GET /v1/models/{model}: one card, or OpenAI's 404."""
+        table = self.holder.current.tables.get(model)
+        if table is None:
+            raise ApiError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
+        return _model_card(table)
 
     def _epochs_by_model(self) -> dict[str, int]:
         return {model: table.epoch for model, table in self.holder.current.tables.items()}
@@ -264,9 +320,10 @@ class Gateway:
             return known
         scheme, _, token = auth.partition(b" ")
         if not token or scheme.lower() != b"bearer":
-            raise ApiError(401, "You didn't provide an API key: send `Authorization: Bearer <key>`.",
-                           code="invalid_api_key")
-        info = state.keys.get(hash_key(token.strip().decode("latin-1")))
+            raise ApiError(
+                401, "You didn't provide an API key: send `Authorization: Bearer <key>`.", code="invalid_api_key"
+            )
+        info = state.keys.get(hash_secret(token.strip().decode("latin-1")))
         if info is None:
             raise ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
         self._known_keys[auth] = info
@@ -291,17 +348,13 @@ class Gateway:
             rec.stream = data.get("stream") is True
             pool = self._pool(table, data, headers, key)
             rec.cohort, rec.pool_id = pool.role.value, pool.id
-            if rec.stream and not _asks_usage(data):
-                # Ask for usage so the log has token counts; the meter drops
-                # the usage event again before the client would see it.
-                if "stream_options" in data:
-                    data["stream_options"] = {**(data.get("stream_options") or {}), "include_usage": True}
-                    body = json.dumps(data, ensure_ascii=False).encode()
-                else:  # spliced in before the object's closing brace: no re-encoding
-                    body = body.rstrip()[:-1] + _USAGE_OPTION
-                strip_usage = True
-            else:
-                strip_usage = False
+            body, strip_usage = _body_for_workers(
+                body,
+                data,
+                stream=rec.stream,
+                chat=ex.path == "/v1/chat/completions",
+                cap=output_cap(key.max_output_tokens, table.max_output_tokens),
+            )
             req = _Request(arrival, rec, key, pool, body, strip_usage)
             first = self._attempt(ex, req)
         except ApiError as error:
@@ -334,22 +387,31 @@ class Gateway:
             raise ApiError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
         return table
 
-    def _pool(self, table: TableTarget, data: dict[str, Any], headers: dict[bytes, bytes],
-              key: ClientKeyInfo) -> PoolTarget:
+    def _pool(
+        self, table: TableTarget, data: dict[str, Any], headers: dict[bytes, bytes], key: ClientKeyInfo
+    ) -> PoolTarget:
         forced = headers.get(COHORT_HEADER)
         if forced is not None:
             if not key.is_admin:
-                raise ApiError(403, "Only admin keys may choose a cohort with x-chunkpilot-cohort.",
-                               type="permission_error", code="cohort_override_forbidden")
+                raise ApiError(
+                    403,
+                    "Only admin keys may choose a cohort with x-chunkpilot-cohort.",
+                    type="permission_error",
+                    code="cohort_override_forbidden",
+                )
             try:
-                role = Role(forced.decode("latin-1").strip().lower())
+                role = PoolRole(forced.decode("latin-1").strip().lower())
             except ValueError:
-                raise ApiError(400, f"x-chunkpilot-cohort must be one of canary, baseline, stable; got "
-                                    f"{forced.decode('latin-1')!r}.", code="invalid_cohort") from None
+                raise ApiError(
+                    400,
+                    f"x-chunkpilot-cohort must be one of canary, baseline, stable; got {forced.decode('latin-1')!r}.",
+                    code="invalid_cohort",
+                ) from None
             pool = table.pool_for_role(role)
             if pool is None:
-                raise ApiError(400, f"The routing table of `{table.model}` has no {role.value} pool.",
-                               code="invalid_cohort")
+                raise ApiError(
+                    400, f"The routing table of `{table.model}` has no {role.value} pool.", code="invalid_cohort"
+                )
             return pool
         session = headers.get(SESSION_HEADER)
         sticky = sticky_key(session.decode("latin-1") if session else None, data.get("user"), key.id)
@@ -394,8 +456,9 @@ class Gateway:
         rec.worker_id, rec.profile_revision_id = worker.id, worker.revision_id
         relay = _Relay(self, ex, req) if rec.stream else None
         headers = [(b"content-type", b"application/json"), (b"x-request-id", rec.request_id.encode())]
-        pending = upstream.start(worker.url + ex.path, headers, req.body,
-                                 on_head=relay.on_head if relay is not None else None)
+        pending = upstream.start(
+            worker.url + ex.path, headers, req.body, on_head=relay.on_head if relay is not None else None
+        )
         return _Attempt(worker, relay, pending)
 
     async def _forward(self, ex: Exchange, req: _Request, attempt: _Attempt | None) -> None:
@@ -408,12 +471,12 @@ class Gateway:
                 break
             worker, relay = attempt.worker, attempt.relay
             try:
-                # Phase 1: the response head. The client has seen nothing, so
-                # any failure here moves on to the next worker.
-                try:
-                    response = await attempt.pending.response()
-                except UpstreamUnavailable as exc:
-                    last_error = self._failed(pool, worker, "connect", exc)
+                # Phase 1: the response head. Only a connection that failed
+                # before the worker's first byte moves on to the next worker
+                # (see ``_head``).
+                response = await self._head(attempt, pool)
+                if response is None:
+                    last_error = attempt.error
                     continue
                 if relay is not None and relay.done is not None:
                     # Phase 2b: a stream, under way since its head arrived;
@@ -421,22 +484,25 @@ class Gateway:
                     self.ejected_until.pop(worker.id, None)
                     await self._relay(ex, rec, relay, response, pool, worker)
                     return
-                if response.status in RETRYABLE_STATUSES:
-                    last_error = await _retryable(response)
-                    self.metrics.upstream_errors.labels(pool.name, worker.name, "status").inc()
-                    continue
-                # Phase 2a: a whole reply is read before the client sees any
-                # of it, so a reply that breaks off is still retried.
+                # Phase 2a: a whole reply, read before the client sees any of it.
                 try:
                     payload = await _unless_gone(ex.gone, response.read())
                 except UpstreamBroken as exc:
                     await response.close()
-                    last_error = self._failed(pool, worker, "stream", exc)
-                    continue
+                    self._failed(pool, worker, "stream", exc)
+                    raise _upstream_failed(
+                        502, f"The reply of worker {worker.name} broke off: {exc}", "upstream_broken"
+                    ) from exc
                 if payload is None:
                     rec.status, rec.error = STATUS_CLIENT_GONE, "the client went away"
                     await response.close()
                     return
+                if (declined := _declined(response, payload)) is not None:
+                    # The worker refused to admit the request (a full queue,
+                    # draining, starting): it never ran, so another may take it.
+                    last_error = declined
+                    self.metrics.upstream_errors.labels(pool.name, worker.name, "status").inc()
+                    continue
                 self.ejected_until.pop(worker.id, None)
                 self._reply_whole(ex, req, response, payload)
                 return
@@ -447,12 +513,36 @@ class Gateway:
             last_error = _no_capacity(f"No worker of pool `{pool.name}` ({pool.role.value}) can take the request.")
         raise last_error
 
+    async def _head(self, attempt: _Attempt, pool: PoolTarget) -> UpstreamResponse | None:
+        """The worker's response head; None (and ``attempt.error`` set) when
+        the connection failed before any byte of it, which is the one failure
+        another worker may retry. A worker that took the request and then
+        sent no head in time (``GATEWAY_READ_TIMEOUT_SECONDS``) may be hung by
+        this very request: 504, not retried."""
+        worker = attempt.worker
+        try:
+            return await attempt.pending.response()
+        except UpstreamUnavailable as exc:
+            attempt.error = self._failed(pool, worker, "connect", exc)
+            return None
+        except UpstreamTimedOut as exc:
+            self._failed(pool, worker, "timeout", exc)
+            raise _upstream_failed(
+                504, f"Worker {worker.name} did not answer in time: {exc}", "upstream_timeout"
+            ) from exc
+
     def _failed(self, pool: PoolTarget, worker: WorkerTarget, kind: str, exc: Exception) -> ApiError:
         """A worker that failed at the transport level is passed over for a while."""
         self.ejected_until[worker.id] = self.clock() + self.settings.eject_seconds
         self.metrics.upstream_errors.labels(pool.name, worker.name, kind).inc()
-        log.warning("worker %s (%s) failed (%s), ejected for %.0fs: %s",
-                    worker.name, worker.url, kind, self.settings.eject_seconds, exc)
+        log.warning(
+            "worker %s (%s) failed (%s), ejected for %.0fs: %s",
+            worker.name,
+            worker.url,
+            kind,
+            self.settings.eject_seconds,
+            exc,
+        )
         return _no_capacity(f"worker {worker.name} failed: {exc}")
 
     def _routing_headers(self, rec: RequestRecord, key: ClientKeyInfo | None) -> Headers:
@@ -476,22 +566,34 @@ class Gateway:
         rec.status = response.status
         ex.reply(response.status, self._response_headers(req, response), payload)
         if response.status == 200:
-            _take_usage(rec, usage_of_body(payload))
+            usage, reported = facts.of_body(payload)
+            _take_usage(rec, usage)
+            facts.take_facts(rec, reported)
         else:
             rec.error = _error_message(payload)
 
-    async def _relay(self, ex: Exchange, rec: RequestRecord, relay: _Relay, response: UpstreamResponse,
-                     pool: PoolTarget, worker: WorkerTarget) -> None:
+    async def _relay(
+        self,
+        ex: Exchange,
+        rec: RequestRecord,
+        relay: _Relay,
+        response: UpstreamResponse,
+        pool: PoolTarget,
+        worker: WorkerTarget,
+    ) -> None:
         """Waits for the stream's end (or the client's going away) and logs it."""
         done, meter = relay.done, relay.meter
         assert done is not None
         rec.status = 200
+        stalled = self._track(relay, rec, pool, worker)
         try:
             if not done.done():
-                await asyncio.wait((done, ex.gone), return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait((done, ex.gone, stalled), return_when=asyncio.FIRST_COMPLETED)
             if done.done():
                 done.result()  # raises if the stream broke off
                 ex.end(meter.flush())
+            elif stalled.done():
+                self._end_stalled(ex, rec, meter)
             elif not meter.done:
                 rec.status, rec.error = STATUS_CLIENT_GONE, "the client went away mid-stream"
             # else: the client had the whole stream, [DONE] included, and hung
@@ -504,6 +606,7 @@ class Gateway:
             error = ApiError(502, "The worker's stream broke off.", type="service_unavailable", code="upstream_broken")
             ex.end(meter.flush() + b"data: " + error.body() + b"\n\n")
         finally:
+            self.inflight.remove(id(relay))
             ex.on_pause = ex.on_resume = None
             await response.close()
         if meter.upstream_error and not rec.error:
@@ -512,8 +615,38 @@ class Gateway:
         rec.max_gap_seconds = meter.gap_seconds
         rec.tpot_seconds = meter.tpot_seconds
         _take_usage(rec, meter.usage)
+        facts.take_facts(rec, meter.facts, meter.gaps)
         if rec.output_tokens is None:
             rec.output_tokens = meter.output_tokens
+
+    # ---- streams in flight (gateway/inflight.py) ------------------------------------------
+    def _track(self, relay: _Relay, rec: RequestRecord, pool: PoolTarget, worker: WorkerTarget) -> asyncio.Future[None]:
+        """Keep the stream in the in-flight set; the future is set if its idle timeout ends it."""
+        stalled: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if not self.settings.track_streams:
+            return stalled  # never set
+
+        def on_timeout() -> None:
+            if not stalled.done():
+                stalled.set_result(None)
+
+        labels = StreamLabels(rec.model, rec.cohort, pool.name, worker.name)
+        self.inflight.add(id(relay), Stream(labels, relay.meter, on_timeout))
+        return stalled
+
+    def _end_stalled(self, ex: Exchange, rec: RequestRecord, meter: StreamMeter) -> None:
+        """The worker stopped feeding the stream: end it for the client with an
+        error event, in OpenAI's shape, and log it with a status of its own."""
+        timeout = self.inflight.idle_timeout_seconds
+        rec.status = STATUS_STREAM_TIMED_OUT
+        rec.error = f"no token for {timeout:g} s: the gateway ended the stream (GATEWAY_STREAM_IDLE_TIMEOUT_SECONDS)"
+        error = ApiError(
+            504,
+            f"The worker sent nothing for {timeout:g} s; the stream was ended.",
+            type="timeout_error",
+            code="stream_idle_timeout",
+        )
+        ex.end(meter.flush() + b"data: " + error.body() + b"\n\n")
 
     def _finish(self, rec: RequestRecord, arrival: float) -> None:
         rec.e2e_seconds = self.clock() - arrival
@@ -525,8 +658,11 @@ class Gateway:
             if observers is None:  # labels() looks up under a lock: once per model and cohort
                 labels = (rec.model, rec.cohort)
                 observers = self._observers[labels] = (
-                    m.requests.labels(*labels, "200"), m.e2e.labels(*labels), m.ttft.labels(*labels),
-                    m.max_gap.labels(*labels), m.tpot.labels(*labels),
+                    m.requests.labels(*labels, "200"),
+                    m.e2e.labels(*labels),
+                    m.ttft.labels(*labels),
+                    m.max_gap.labels(*labels),
+                    m.tpot.labels(*labels),
                 )
             ok, e2e, ttft, max_gap, tpot = observers
             ok.inc()
@@ -539,7 +675,7 @@ class Gateway:
                 tpot.observe(rec.tpot_seconds)
         try:
             self.record(rec)
-        except Exception:  # noqa: BLE001 - the log is never worth failing a request over
+        except Exception:
             log.exception("could not queue the request log row")
 
 
@@ -580,6 +716,16 @@ class _Relay:
 
 
 # ---- helpers -------------------------------------------------------------------------
+def _model_card(table: TableTarget) -> dict[str, Any]:
+    card: dict[str, Any] = {"id": table.model, "object": "model", "created": 0, "owned_by": "chunkpilot"}
+    # vLLM's card field: clients (the load generator) size prompts by it.
+    if (max_model_len := table.max_model_len) is not None:
+        card["max_model_len"] = max_model_len
+    if table.max_output_tokens is not None:  # the route's cap, so clients can see it
+        card["max_output_tokens"] = table.max_output_tokens
+    return card
+
+
 def _json_object(body: bytes) -> dict[str, Any]:
     try:
         data = json.loads(body)
@@ -595,10 +741,37 @@ def _asks_usage(data: dict[str, Any]) -> bool:
     return isinstance(options, dict) and options.get("include_usage") is True
 
 
+def _body_for_workers(
+    body: bytes, data: dict[str, Any], *, stream: bool, chat: bool, cap: int | None
+) -> tuple[bytes, bool]:
+    """The body as workers are sent it (checked, capped, usage asked for),
+    and whether the usage event is the gateway's to drop again."""
+    try:
+        check_request(data)
+        changed = apply_output_cap(data, chat, cap)
+    except ParamError as exc:
+        raise ApiError(400, exc.message, param=exc.param) from exc
+    strip_usage = stream and not _asks_usage(data)
+    if strip_usage:
+        # Ask for usage so the log has token counts; the meter drops the
+        # usage event again before the client would see it.
+        if "stream_options" in data or changed:
+            data["stream_options"] = {**(data.get("stream_options") or {}), "include_usage": True}
+            changed = True
+        else:  # spliced in before the object's closing brace: no re-encoding
+            body = body.rstrip()[:-1] + _USAGE_OPTION
+    if changed:
+        # ASCII escapes: a lone surrogate in a prompt (valid JSON) has no UTF-8 form.
+        body = json.dumps(data).encode()
+    return body, strip_usage
+
+
 def _take_usage(rec: RequestRecord, usage: Usage | None) -> None:
     if usage is not None:
         rec.prompt_tokens, rec.cached_tokens, rec.output_tokens = (
-            usage.prompt_tokens, usage.cached_tokens, usage.output_tokens,
+            usage.prompt_tokens,
+            usage.cached_tokens,
+            usage.output_tokens,
         )
 
 
@@ -617,18 +790,38 @@ def _error_message(payload: bytes) -> str:
         return payload[:500].decode("utf-8", "replace")
 
 
-async def _retryable(response: UpstreamResponse) -> ApiError:
-    """A worker said "not now": keep what it said, in case no other worker can."""
-    try:
-        payload = await response.read()
-    except UpstreamBroken:
-        payload = b""
-    finally:
-        await response.close()
+def _declined(response: UpstreamResponse, payload: bytes) -> ApiError | None:
+    """What a worker said when it refused to admit the request ("not now":
+    kept in case no other worker can take it), else None. Only the worker's
+    own refusals before admission count (``workers/server/app.py``: 429
+    ``queue_full``, 503 ``worker_<state>``); any other status, a 503 from
+    an engine that failed on this request included, goes to the client as it is."""
+    if response.status not in DECLINED_STATUSES:
+        return None
+    code = _error_code(payload)
+    if code not in DECLINED_CODES and not code.startswith(DECLINED_CODE_PREFIX):
+        return None
     retry_after = next((v for k, v in response.headers if k.lower() == b"retry-after"), b"1")
-    return ApiError(response.status, _error_message(payload) or "the worker is busy.",
-                    type="service_unavailable" if response.status != 429 else "rate_limit_error",
-                    code="no_worker_available", headers=[(b"retry-after", retry_after)])
+    return ApiError(
+        response.status,
+        _error_message(payload) or "the worker is busy.",
+        type="service_unavailable" if response.status != 429 else "rate_limit_error",
+        code="no_worker_available",
+        headers=[(b"retry-after", retry_after)],
+    )
+
+
+def _error_code(payload: bytes) -> str:
+    try:
+        error = json.loads(payload).get("error")
+    except (ValueError, AttributeError):
+        return ""
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, str) else ""
+
+
+def _upstream_failed(status: int, message: str, code: str) -> ApiError:
+    return ApiError(status, message, type="service_unavailable", code=code)
 
 
 async def _unless_gone(gone: asyncio.Future[None], work: Awaitable[bytes]) -> bytes | None:

@@ -12,6 +12,8 @@ part:
   are small; over ``max_body_bytes`` is a 413, from the declared length when
   there is one), ``Expect: 100-continue`` answered;
 - keep-alive with an idle timeout, pipelined requests answered in order;
+- a request that stops arriving part-way (a declared body never sent) is
+  answered 408 after ``body_timeout_seconds`` without a byte more;
 - responses written whole (``reply``) or streamed with chunked encoding
   (``start``/``write``/``end``; close-delimited for HTTP/1.0 clients), the
   head and the first bytes in one write;
@@ -51,6 +53,9 @@ class ServerSettings:
     max_body_bytes: int = 32 << 20
     max_head_bytes: int = 64 << 10  # request line and headers
     keep_alive_seconds: float = 30.0  # an idle connection is closed after this
+    # A request begun and then not continued for this long (the rest of its
+    # head, or of the body its Content-Length declared) gets a 408.
+    body_timeout_seconds: float = 10.0
     grace_seconds: float = 30.0  # how long requests in flight may finish on shutdown
     backlog: int = 4096
     write_high_water: int = 1 << 20  # bytes queued to a client before its relay pauses
@@ -75,11 +80,33 @@ class Exchange:
     ``headers`` (lower-case names) and ``body``, then answers with ``reply``
     or with ``start``, ``write``... and ``end``."""
 
-    __slots__ = ("method", "path", "headers", "body", "keep_alive", "http_10", "gone", "on_pause", "on_resume",
-                 "started", "ended", "too_large", "_conn", "_chunked")
+    __slots__ = (
+        "method",
+        "path",
+        "headers",
+        "body",
+        "keep_alive",
+        "http_10",
+        "gone",
+        "on_pause",
+        "on_resume",
+        "started",
+        "ended",
+        "too_large",
+        "_conn",
+        "_chunked",
+    )
 
-    def __init__(self, conn: _HttpProtocol, method: str, url: bytes, headers: dict[bytes, bytes], body: bytes,
-                 keep_alive: bool, http_10: bool):
+    def __init__(
+        self,
+        conn: _HttpProtocol,
+        method: str,
+        url: bytes,
+        headers: dict[bytes, bytes],
+        body: bytes,
+        keep_alive: bool,
+        http_10: bool,
+    ):
         self.method = method
         self.path = url.partition(b"?")[0].decode("latin-1")  # workers are sent the path alone, as before
         self.headers = headers
@@ -159,6 +186,8 @@ class _HttpProtocol(asyncio.Protocol):
         self.current: Exchange | None = None
         self.waiting: collections.deque[Exchange] = collections.deque()  # pipelined requests
         self._idle_timer: asyncio.TimerHandle | None = None
+        self._request_timer: asyncio.TimerHandle | None = None
+        self._in_message = False  # part of a request has arrived, not all of it
         self._reset()
 
     def _reset(self) -> None:
@@ -186,10 +215,12 @@ class _HttpProtocol(asyncio.Protocol):
             # What a callback raised arrives wrapped, the original as the context.
             cause = exc.__context__
             self._refuse(cause if isinstance(cause, BadRequest) else BadRequest(400, f"malformed request: {exc}"))
+        self._arm_request_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
         self._cancel_idle_timer()
+        self._cancel_request_timer()
         self.server.connections.discard(self)
         for exchange in (self.current, *self.waiting):
             if exchange is not None and not exchange.gone.done():
@@ -210,6 +241,7 @@ class _HttpProtocol(asyncio.Protocol):
     # -- httptools callbacks
     def on_message_begin(self) -> None:
         self._reset()
+        self._in_message = True
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -242,10 +274,18 @@ class _HttpProtocol(asyncio.Protocol):
         self._body.append(body)
 
     def on_message_complete(self) -> None:
+        self._in_message = False
         parser = self.parser
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
-        exchange = Exchange(self, parser.get_method().decode("latin-1"), self._url, self._headers, body,
-                            parser.should_keep_alive(), parser.get_http_version() == "1.0")
+        exchange = Exchange(
+            self,
+            parser.get_method().decode("latin-1"),
+            self._url,
+            self._headers,
+            body,
+            parser.should_keep_alive(),
+            parser.get_http_version() == "1.0",
+        )
         if self._too_large:
             exchange.keep_alive = False  # the rest of a refused body may still be on its way
             exchange.too_large, exchange.body = True, b""
@@ -286,9 +326,12 @@ class _HttpProtocol(asyncio.Protocol):
         log.exception("the gateway failed on %s %s", exchange.method, exchange.path)
         if not exchange.started and not self.lost:
             exchange.keep_alive = False
-            exchange.reply(500, [(b"content-type", b"application/json")],
-                           b'{"error": {"message": "internal error", "type": "server_error", '
-                           b'"param": null, "code": "internal_error"}}')
+            exchange.reply(
+                500,
+                [(b"content-type", b"application/json")],
+                b'{"error": {"message": "internal error", "type": "server_error", '
+                b'"param": null, "code": "internal_error"}}',
+            )
 
     def _close_out(self, exchange: Exchange) -> None:
         """The handler is done: a response it left unfinished is ended here."""
@@ -326,10 +369,13 @@ class _HttpProtocol(asyncio.Protocol):
         if self.transport is None or self.lost:
             return
         if self.current is None:
-            body = json.dumps({"error": {"message": str(error), "type": "invalid_request_error", "param": None,
-                                         "code": None}}).encode()
-            self.transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
-                                 b"connection: close\r\n\r\n%s" % (error.status, _reason(error.status), len(body), body))
+            body = json.dumps(
+                {"error": {"message": str(error), "type": "invalid_request_error", "param": None, "code": None}}
+            ).encode()
+            self.transport.write(
+                b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+                b"connection: close\r\n\r\n%s" % (error.status, _reason(error.status), len(body), body)
+            )
         self.transport.close()
 
     def close_if_idle(self) -> None:
@@ -346,11 +392,42 @@ class _HttpProtocol(asyncio.Protocol):
             self._idle_timer.cancel()
             self._idle_timer = None
 
+    # A request that stops arriving: without this, a client that declares a
+    # body and never sends it holds its connection (and a slot) until it leaves.
+    def _arm_request_timer(self) -> None:
+        """After each read: a request left incomplete must continue in time."""
+        self._cancel_request_timer()
+        if self._in_message and not self.lost and self.transport is not None:
+            self._request_timer = self.loop.call_later(self.settings.body_timeout_seconds, self._request_timed_out)
+
+    def _cancel_request_timer(self) -> None:
+        if self._request_timer is not None:
+            self._request_timer.cancel()
+            self._request_timer = None
+
+    def _request_timed_out(self) -> None:
+        self._request_timer = None
+        if not self._in_message:
+            return
+        if self.current is not None:  # a pipelined request's tail: judged once the one before is answered
+            self._arm_request_timer()
+            return
+        self._refuse(
+            BadRequest(
+                408,
+                f"the request did not arrive in full: nothing more of it came for "
+                f"{self.settings.body_timeout_seconds:g}s",
+            )
+        )
+
 
 def _too_large(exchange: Exchange, limit: int) -> None:
-    exchange.reply(413, [(b"content-type", b"application/json")],
-                   b'{"error": {"message": "the request body is over %d bytes.", "type": "invalid_request_error", '
-                   b'"param": null, "code": "request_too_large"}}' % limit)
+    exchange.reply(
+        413,
+        [(b"content-type", b"application/json")],
+        b'{"error": {"message": "the request body is over %d bytes.", "type": "invalid_request_error", '
+        b'"param": null, "code": "request_too_large"}}' % limit,
+    )
 
 
 class _Server:
@@ -363,10 +440,17 @@ class _Server:
         self.stopping = False
 
 
-async def serve(handler: Handler, host: str, port: int, *, settings: ServerSettings | None = None,
-                startup: Callable[[], Awaitable[None]] | None = None,
-                shutdown: Callable[[], Awaitable[None]] | None = None,
-                stop: asyncio.Event | None = None, ready: Callable[[], None] | None = None) -> None:
+async def serve(
+    handler: Handler,
+    host: str,
+    port: int,
+    *,
+    settings: ServerSettings | None = None,
+    startup: Callable[[], Awaitable[None]] | None = None,
+    shutdown: Callable[[], Awaitable[None]] | None = None,
+    stop: asyncio.Event | None = None,
+    ready: Callable[[], None] | None = None,
+) -> None:
     """Serve until ``stop`` is set (SIGTERM and SIGINT set it), then shut down gracefully."""
     loop = asyncio.get_running_loop()
     settings = settings or ServerSettings()
@@ -377,8 +461,9 @@ async def serve(handler: Handler, host: str, port: int, *, settings: ServerSetti
             loop.add_signal_handler(signum, stop.set)
     if startup is not None:
         await startup()
-    listener = await loop.create_server(lambda: _HttpProtocol(state), host, port, backlog=settings.backlog,
-                                        reuse_address=True)
+    listener = await loop.create_server(
+        lambda: _HttpProtocol(state), host, port, backlog=settings.backlog, reuse_address=True
+    )
     try:
         if ready is not None:
             ready()

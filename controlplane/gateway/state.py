@@ -8,19 +8,13 @@ snapshot throughout, so it never sees half of an update.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from controlplane.gateway.cohort import Layout, Role
-
-
-def hash_key(plaintext: str) -> str:
-    """Client keys are long random strings: a plain SHA-256 is enough, and
-    the gateway compares hashes without ever holding the keys."""
-    return hashlib.sha256(plaintext.encode()).hexdigest()
+from controlplane.fleet.pools import PoolRole
+from controlplane.gateway.cohort import Layout
 
 
 @dataclass(frozen=True)
@@ -37,7 +31,7 @@ class WorkerTarget:
 class PoolTarget:
     id: int
     name: str
-    role: Role
+    role: PoolRole
     weight_bp: int
     workers: tuple[WorkerTarget, ...]  # routable ones only: ready, not cordoned, not draining
 
@@ -50,6 +44,7 @@ class TableTarget:
     epoch: int
     pools: dict[int, PoolTarget]
     layout: Layout
+    max_output_tokens: int | None = None  # the route's cap on a request's output; None: none
 
     @property
     def max_model_len(self) -> int | None:
@@ -58,7 +53,7 @@ class TableTarget:
         lengths = [w.max_model_len for pool in self.pools.values() for w in pool.workers if w.max_model_len]
         return min(lengths) if lengths else None
 
-    def pool_for_role(self, role: Role) -> PoolTarget | None:
+    def pool_for_role(self, role: PoolRole) -> PoolTarget | None:
         for pool in self.pools.values():
             if pool.role == role:
                 return pool
@@ -69,6 +64,7 @@ class TableTarget:
 class ClientKeyInfo:
     id: int
     is_admin: bool
+    max_output_tokens: int | None = None  # the key's cap on a request's output; None: none
 
 
 @dataclass(frozen=True)
@@ -98,7 +94,7 @@ class StateHolder:
 
 
 def build_table(
-    *, id: int, model: str, salt: str, epoch: int, pools: list[PoolTarget]
+    *, id: int, model: str, salt: str, epoch: int, pools: list[PoolTarget], max_output_tokens: int | None = None
 ) -> TableTarget:
     return TableTarget(
         id=id,
@@ -107,6 +103,7 @@ def build_table(
         epoch=epoch,
         pools={pool.id: pool for pool in pools},
         layout=Layout.build((pool.role, pool.id, pool.weight_bp) for pool in pools),
+        max_output_tokens=max_output_tokens,
     )
 
 
@@ -120,17 +117,22 @@ def with_table_update(state: GatewayState, notice: Mapping[str, Any]) -> Gateway
     try:
         table_id, epoch = int(notice["table"]), int(notice["epoch"])
         model, salt = str(notice["model"]), str(notice["salt"])
-        lines = [(int(p["pool"]), Role(p["role"]), int(p["weight_bp"])) for p in notice["pools"]]
+        lines = [(int(p["pool"]), PoolRole(p["role"]), int(p["weight_bp"])) for p in notice["pools"]]
+        current = state.tables.get(model)
+        if current is None or current.id != table_id or epoch <= current.epoch:
+            return None
+        cap = notice.get("max_output_tokens", current.max_output_tokens)  # a notice without it changes nothing
+        max_output_tokens = None if cap is None else int(cap)
     except (KeyError, TypeError, ValueError):
-        return None
-    current = state.tables.get(model)
-    if current is None or current.id != table_id or epoch <= current.epoch:
         return None
     known = {pool.id: pool for table in state.tables.values() for pool in table.pools.values()}
     if any(pool_id not in known for pool_id, _, _ in lines):
         return None
     pools = [replace(known[pool_id], role=role, weight_bp=weight_bp) for pool_id, role, weight_bp in lines]
-    tables = {**state.tables, model: build_table(id=table_id, model=model, salt=salt, epoch=epoch, pools=pools)}
+    table = build_table(
+        id=table_id, model=model, salt=salt, epoch=epoch, pools=pools, max_output_tokens=max_output_tokens
+    )
+    tables = {**state.tables, model: table}
     return replace(state, tables=tables)
 
 
@@ -149,6 +151,13 @@ def newest(loaded: GatewayState, current: GatewayState) -> GatewayState:
                 replace(pool, workers=fresh_pools[pool.id].workers) if pool.id in fresh_pools else pool
                 for pool in held.pools.values()
             ]
-            table = build_table(id=held.id, model=held.model, salt=held.salt, epoch=held.epoch, pools=pools)
+            table = build_table(
+                id=held.id,
+                model=held.model,
+                salt=held.salt,
+                epoch=held.epoch,
+                pools=pools,
+                max_output_tokens=held.max_output_tokens,
+            )
         tables[model] = table
     return replace(loaded, tables=tables)

@@ -9,17 +9,16 @@ from typing import Any
 
 from controlplane.celery import app
 from controlplane.gateway import conf
+from controlplane.gateway.models import RequestLog
 
 
 @app.task(name="gateway.purge_request_log")
 def purge_request_log() -> int:
-    from controlplane.gateway.models import RequestLog
-
-    days = float(conf.get("GATEWAY_LOG_RETENTION_DAYS"))
+    days = conf.GATEWAY_LOG_RETENTION_DAYS.get()
     return RequestLog.purge(older_than=timedelta(days=days))
 
 
 @app.on_after_finalize.connect
 def schedule(sender: Any, **kwargs: Any) -> None:
-    interval = float(conf.get("GATEWAY_LOG_PURGE_INTERVAL_SECONDS"))
+    interval = conf.GATEWAY_LOG_PURGE_INTERVAL_SECONDS.get()
     sender.add_periodic_task(interval, purge_request_log.s(), name="gateway request-log retention", expires=interval)

@@ -42,11 +42,21 @@ class UpstreamBroken(Exception):
     """The worker's response broke off after it began."""
 
 
+class UpstreamTimedOut(Exception):
+    """The request reached the worker, which sent no response head within
+    the read timeout: a hung engine, or this request hanging it. Never retried
+    on another worker (it may be the request that hangs them)."""
+
+
 @dataclass(frozen=True)
 class UpstreamTimeouts:
     connect_seconds: float = 2.0
-    # No read timeout: a long prompt's prefill may take many seconds before
-    # the first byte, and a client that gives up closes the stream itself.
+    # The longest a worker may take to send its response head, and the longest
+    # gap while a whole (not piped) body is read; None: no limit. A worker
+    # sends its head with the first token (a stream) or with the whole reply,
+    # so this bounds prefill, or generation, plus queueing: generous. A piped
+    # stream's gaps are the relay's to judge.
+    read_seconds: float | None = None
 
 
 class UpstreamResponse(Protocol):
@@ -85,8 +95,9 @@ class PendingResponse(Protocol):
 
 
 class UpstreamClient(Protocol):
-    def start(self, url: str, headers: list[tuple[bytes, bytes]], body: bytes, *,
-              on_head: OnHead | None = None) -> PendingResponse:
+    def start(
+        self, url: str, headers: list[tuple[bytes, bytes]], body: bytes, *, on_head: OnHead | None = None
+    ) -> PendingResponse:
         """Sends the request: at once when an idle connection to the worker
         is at hand (the native client), else from ``response()``. ``on_head``
         is called with the response as soon as its head is read, before
@@ -256,8 +267,9 @@ class _Connection(asyncio.Protocol):
             if not self.closed:
                 self.transport.resume_reading()
 
-    async def next_chunk(self) -> bytes | None:
-        """The body bytes that arrived since the last call (joined), or None at the end."""
+    async def next_chunk(self, timeout_seconds: float | None = None) -> bytes | None:
+        """The body bytes that arrived since the last call (joined), or None
+        at the end; ``UpstreamBroken`` when nothing arrives for ``timeout_seconds``."""
         while True:
             if self.body:
                 return self._take_body()
@@ -265,11 +277,32 @@ class _Connection(asyncio.Protocol):
                 return None
             if self.error is not None:
                 raise self.error
-            self._waiter = self.loop.create_future()
+            self._waiter = waiter = self.loop.create_future()
+            timer = (
+                None
+                if timeout_seconds is None
+                else self.loop.call_later(timeout_seconds, self._read_timed_out, waiter, timeout_seconds)
+            )
             try:
-                await self._waiter
+                await waiter
             finally:
                 self._waiter = None
+                if timer is not None:
+                    timer.cancel()
+
+    def _read_timed_out(self, waiter: asyncio.Future[None], timeout_seconds: float) -> None:
+        if waiter.done() or self.error is not None or self.complete:
+            return
+        self._fail(f"the worker sent nothing for {timeout_seconds:g}s")
+        if self.transport is not None:
+            self.transport.close()  # the worker sees the request aborted
+
+    def _head_timed_out(self, timeout_seconds: float) -> None:
+        if not self.head.done():
+            self.head.set_exception(UpstreamTimedOut(f"no response head from the worker within {timeout_seconds:g}s"))
+            self.in_flight = False  # its head will not come now: the closing below fails nobody else
+            if self.transport is not None:
+                self.transport.close()  # the worker sees the request aborted
 
 
 class _Response:
@@ -289,7 +322,7 @@ class _Response:
             yield chunk
 
     async def next_chunk(self) -> bytes | None:
-        chunk = await self._conn.next_chunk()
+        chunk = await self._conn.next_chunk(self._client.timeouts.read_seconds)
         if chunk is None:
             self._finish()
         return chunk
@@ -379,8 +412,9 @@ class Upstream:
         conn.in_flight = False
         idle.append(conn)
 
-    def start(self, url: str, headers: list[tuple[bytes, bytes]], body: bytes, *,
-              on_head: OnHead | None = None) -> _Pending:
+    def start(
+        self, url: str, headers: list[tuple[bytes, bytes]], body: bytes, *, on_head: OnHead | None = None
+    ) -> _Pending:
         return _Pending(self, url, headers, body, on_head)
 
     async def send(self, url: str, headers: list[tuple[bytes, bytes]], body: bytes) -> _Response:
@@ -398,8 +432,9 @@ class _Pending:
     """One request to a worker: written at once over an idle connection,
     else once ``response()`` has connected."""
 
-    def __init__(self, client: Upstream, url: str, headers: list[tuple[bytes, bytes]], body: bytes,
-                 on_head: OnHead | None):
+    def __init__(
+        self, client: Upstream, url: str, headers: list[tuple[bytes, bytes]], body: bytes, on_head: OnHead | None
+    ):
         self._client, self._on_head = client, on_head
         self._error: UpstreamUnavailable | None = None
         self._conn: _Connection | None = None
@@ -409,8 +444,17 @@ class _Pending:
             self._error = exc
             return
         self._head = b"".join(
-            [b"POST ", path, b" HTTP/1.1\r\nhost: ", netloc, b"\r\ncontent-length: ", str(len(body)).encode(), b"\r\n",
-             *[name + b": " + value + b"\r\n" for name, value in headers], b"\r\n"]
+            [
+                b"POST ",
+                path,
+                b" HTTP/1.1\r\nhost: ",
+                netloc,
+                b"\r\ncontent-length: ",
+                str(len(body)).encode(),
+                b"\r\n",
+                *[name + b": " + value + b"\r\n" for name, value in headers],
+                b"\r\n",
+            ]
         )
         self._body = body
         conn = client._take_idle(self._key)
@@ -441,6 +485,10 @@ class _Pending:
                 self._write(await self._client._connect(self._key))
                 conn = self._conn
                 assert conn is not None
+            read_seconds = self._client.timeouts.read_seconds
+            timer = (
+                None if read_seconds is None else conn.loop.call_later(read_seconds, conn._head_timed_out, read_seconds)
+            )
             try:
                 await conn.head
             except UpstreamUnavailable:
@@ -457,6 +505,9 @@ class _Pending:
                 if conn.transport is not None:
                     conn.transport.close()
                 raise
+            finally:
+                if timer is not None:
+                    timer.cancel()
             return self._response._head_in()
 
 
@@ -513,20 +564,24 @@ class HttpxUpstream:
 
         timeouts = timeouts or UpstreamTimeouts()
         self._httpx = httpx
+        self._read_seconds = timeouts.read_seconds
         self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(connect=timeouts.connect_seconds, read=None, write=30.0, pool=None),
+            timeout=httpx.Timeout(connect=timeouts.connect_seconds, read=timeouts.read_seconds, write=30.0, pool=None),
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
             trust_env=False,  # workers are addressed directly, never through a proxy from the environment
         )
 
-    def start(self, url: str, headers: list[tuple[bytes, bytes]], body: bytes, *,
-              on_head: OnHead | None = None) -> _HttpxPending:
+    def start(
+        self, url: str, headers: list[tuple[bytes, bytes]], body: bytes, *, on_head: OnHead | None = None
+    ) -> _HttpxPending:
         return _HttpxPending(self, url, headers, body, on_head)
 
     async def send(self, url: str, headers: list[tuple[bytes, bytes]], body: bytes) -> _HttpxResponse:
         request = self._client.build_request("POST", url, headers=headers, content=body)
         try:
             return _HttpxResponse(await self._client.send(request, stream=True))
+        except self._httpx.ReadTimeout as exc:
+            raise UpstreamTimedOut(f"no response head from the worker within {self._read_seconds:g}s") from exc
         except self._httpx.HTTPError as exc:
             raise UpstreamUnavailable(f"{type(exc).__name__}: {exc}") from exc
 
@@ -535,8 +590,9 @@ class HttpxUpstream:
 
 
 class _HttpxPending:
-    def __init__(self, client: HttpxUpstream, url: str, headers: list[tuple[bytes, bytes]], body: bytes,
-                 on_head: OnHead | None):
+    def __init__(
+        self, client: HttpxUpstream, url: str, headers: list[tuple[bytes, bytes]], body: bytes, on_head: OnHead | None
+    ):
         self._args, self._client, self._on_head = (url, headers, body), client, on_head
 
     async def response(self) -> _HttpxResponse:

@@ -1,15 +1,18 @@
 from django.urls import path
-from rest_framework.routers import SimpleRouter
 
+from controlplane.accounts.inputs import ApiRouter
 from controlplane.gateway.api import (
     ClientKeyViewSet,
     GatewayListView,
+    RequestDetailView,
+    RequestExportView,
+    RequestListView,
     RoutingAcksView,
     RoutingTableListView,
     RoutingTableView,
 )
 
-router = SimpleRouter()
+router = ApiRouter()
 router.register("client-keys", ClientKeyViewSet, basename="client-key")
 
 # Model names may hold slashes (org/name): <path:>, with the acks route first
@@ -19,5 +22,8 @@ urlpatterns = [
     path("routing/<path:model>/acks/", RoutingAcksView.as_view(), name="routing-acks"),
     path("routing/<path:model>/", RoutingTableView.as_view(), name="routing-detail"),
     path("gateways/", GatewayListView.as_view(), name="gateway-list"),
+    path("requests/", RequestListView.as_view(), name="api-request-list"),
+    path("requests/export/", RequestExportView.as_view(), name="api-request-export"),
+    path("requests/<int:pk>/", RequestDetailView.as_view(), name="api-request-detail"),
     *router.urls,
 ]

@@ -37,8 +37,7 @@ class SeriesLayoutAdmin(ReadOnlyAdmin):
 
 @admin.register(Target)
 class TargetAdmin(ReadOnlyAdmin):
-    list_display = ["worker_name", "pool_name", "cohort", "layout", "first_at", "last_at", "num_samples",
-                    "num_rollups"]
+    list_display = ["worker_name", "pool_name", "cohort", "layout", "first_at", "last_at", "num_samples", "num_rollups"]
     list_filter = ["cohort", "pool_name"]
     search_fields = ["worker_name", "pool_name"]
     list_select_related = ["layout"]
@@ -66,8 +65,15 @@ class CounterResetAdmin(ReadOnlyAdmin):
 
 @admin.register(ScrapeStatus)
 class ScrapeStatusAdmin(ReadOnlyAdmin):
-    list_display = ["worker", "up", "last_attempt_at", "last_success_at", "last_duration_seconds",
-                    "num_consecutive_failures", "last_error"]
+    list_display = [
+        "worker",
+        "up",
+        "last_attempt_at",
+        "last_success_at",
+        "last_duration_seconds",
+        "num_consecutive_failures",
+        "last_error",
+    ]
     list_filter = ["up"]
     search_fields = ["worker__name", "last_error"]
     list_select_related = ["worker"]

@@ -7,30 +7,37 @@ the operator's objectives and each worker's scrape status.
     GET|PUT /api/v1/metrics/objectives
     GET /api/v1/metrics/targets
 
-Bad input answers 400 naming the parameter: ``{"window": ["..."]}``.
+Bad input answers 400 naming the parameter: ``{"window": ["..."]}``; a
+metrics backend (Prometheus) that does not answer, 503 with
+``{"detail": "metrics backend unavailable: ..."}``.
 """
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.http import HttpResponse
 from django.utils import timezone
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.renderers import BaseRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane import outages
+from controlplane.accounts.inputs import StrictModelSerializer
+from controlplane.fleet.models import Worker
 from controlplane.metrics import exposition, figures, query
 from controlplane.metrics.figures import Objectives
 from controlplane.metrics.models import ScrapeRound, ScrapeStatus, ServiceObjectives
+from controlplane.metrics.scrape import cohorts_by_pool
 
-SELECTOR_PARAMS = [
-    OpenApiParameter(key, str, description=f"only this {key}") for key in query.SELECTOR_KEYS
-]
+log = logging.getLogger(__name__)
+
+SELECTOR_PARAMS = [OpenApiParameter(key, str, description=f"only this {key}") for key in query.SELECTOR_KEYS]
 COMMON_PARAMS = [
     OpenApiParameter("figure", str, required=True, description="a figure name from /metrics/figures"),
     OpenApiParameter("window", str, description="e.g. 30s, 5m, 1h (default 5m)"),
@@ -43,6 +50,18 @@ COMMON_PARAMS = [
 
 def _bad(exc: query.QueryError) -> Response:
     return Response({exc.field: [exc.message]}, status=400)
+
+
+def _unavailable(exc: query.BackendUnavailable) -> Response:
+    """Prometheus down or slow: an outage of the metrics backend, not a bug (one log line, no traceback)."""
+    log.warning("%s", exc)
+    return outages.quiet(
+        Response(
+            {"detail": str(exc), "unavailable": "metrics_backend", "retry_after_seconds": 5},
+            status=503,
+            headers={"Retry-After": "5"},
+        )
+    )
 
 
 def _common(request: Request) -> dict[str, Any]:
@@ -60,8 +79,7 @@ def _common(request: Request) -> dict[str, Any]:
             _positive(params.get("ttft_slo"), "ttft_slo", stored.ttft_seconds),
             _positive(params.get("tpot_slo"), "tpot_slo", stored.tpot_seconds),
         )
-    return {"figure": figure, "window": window, "group_by": group_by, "selector": selector,
-            "objectives": objectives}
+    return {"figure": figure, "window": window, "group_by": group_by, "selector": selector, "objectives": objectives}
 
 
 def _positive(text: str | None, field: str, default: float) -> float:
@@ -101,6 +119,8 @@ class QueryView(APIView):
             )
         except query.QueryError as exc:
             return _bad(exc)
+        except query.BackendUnavailable as exc:
+            return _unavailable(exc)
         f = args["figure"]
         return Response(
             {
@@ -134,11 +154,19 @@ class QueryRangeView(APIView):
             span = query.parse_duration(params.get("range", "1h"), "range")
             step = query.parse_duration(params["step"], "step") if params.get("step") else max(60.0, span / 120)
             result = query.query_range(
-                args["figure"].name, args["window"], args["group_by"], args["selector"],
-                start=end - timedelta(seconds=span), end=end, step_seconds=step, objectives=args["objectives"],
+                args["figure"].name,
+                args["window"],
+                args["group_by"],
+                args["selector"],
+                start=end - timedelta(seconds=span),
+                end=end,
+                step_seconds=step,
+                objectives=args["objectives"],
             )
         except query.QueryError as exc:
             return _bad(exc)
+        except query.BackendUnavailable as exc:
+            return _unavailable(exc)
         f = args["figure"]
         return Response(
             {
@@ -154,21 +182,32 @@ class QueryRangeView(APIView):
         )
 
 
+# Times a query may end at: a range back from them must still be a datetime.
+EARLIEST_END = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST_END = datetime(9000, 1, 1, tzinfo=UTC)
+
+
 def _time(text: str | None, field: str) -> datetime | None:
     if not text:
         return None
+    out_of_range = query.QueryError(field, f"must be between {EARLIEST_END:%Y} and {LATEST_END:%Y}")
     try:
-        return datetime.fromtimestamp(float(text), tz=UTC)
+        seconds = float(text)
     except ValueError:
-        pass
-    try:
-        parsed = datetime.fromisoformat(text)
-    except ValueError:
-        raise query.QueryError(field, "an ISO 8601 time or epoch seconds") from None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+        try:
+            parsed = datetime.fromisoformat(text)
+        except ValueError:
+            raise query.QueryError(field, "an ISO 8601 time or epoch seconds") from None
+        parsed = parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+        if not EARLIEST_END <= parsed <= LATEST_END:
+            raise out_of_range from None
+        return parsed
+    if not EARLIEST_END.timestamp() <= seconds <= LATEST_END.timestamp():  # nan and inf too
+        raise out_of_range
+    return datetime.fromtimestamp(seconds, tz=UTC)
 
 
-class ObjectivesSerializer(serializers.ModelSerializer):
+class ObjectivesSerializer(StrictModelSerializer):
     ttft_seconds = serializers.FloatField(min_value=0.001, max_value=3600)
     tpot_seconds = serializers.FloatField(min_value=0.0001, max_value=600)
 
@@ -185,13 +224,16 @@ class ObjectivesView(APIView):
     def get(self, request: Request) -> Response:
         return Response(ObjectivesSerializer(ServiceObjectives.current()).data)
 
-    @extend_schema(summary="Set goodput's objectives", request=ObjectivesSerializer, responses={200: ObjectivesSerializer})
+    @extend_schema(
+        summary="Set goodput's objectives", request=ObjectivesSerializer, responses={200: ObjectivesSerializer}
+    )
     def put(self, request: Request) -> Response:
         row = ServiceObjectives.current()
         serializer = ObjectivesSerializer(row, data=request.data)
         serializer.is_valid(raise_exception=True)
-        row.change(serializer.validated_data["ttft_seconds"], serializer.validated_data["tpot_seconds"],
-                   actor=request.user)
+        row.change(
+            serializer.validated_data["ttft_seconds"], serializer.validated_data["tpot_seconds"], actor=request.user
+        )
         return Response(ObjectivesSerializer(row).data)
 
 
@@ -247,12 +289,21 @@ class PrometheusSDView(APIView):
     routing table), so the shipped rules and dashboard group as the control
     plane does. Use with ``http_sd_configs`` (see deploy/prometheus/README.md)."""
 
-    @extend_schema(summary="Worker targets for Prometheus's http_sd_configs", responses={200: dict})
+    @extend_schema(
+        summary="Worker targets for Prometheus's http_sd_configs",
+        responses={
+            200: inline_serializer(
+                "PrometheusTargetGroup",
+                {
+                    "targets": serializers.ListField(child=serializers.CharField(), help_text="host:port"),
+                    "labels": serializers.DictField(child=serializers.CharField()),
+                },
+                many=True,
+            )
+        },
+    )
     def get(self, request: Request) -> Response:
         from urllib.parse import urlsplit
-
-        from controlplane.fleet.models import Worker
-        from controlplane.metrics.scrape import cohorts_by_pool
 
         cohorts = cohorts_by_pool()
         groups = []
@@ -262,14 +313,16 @@ class PrometheusSDView(APIView):
                 continue
             host = f"[{url.hostname}]" if ":" in url.hostname else url.hostname
             port = url.port or (443 if url.scheme == "https" else 80)
-            groups.append({
-                "targets": [f"{host}:{port}"],
-                "labels": {
-                    "__scheme__": url.scheme or "http",
-                    "__metrics_path__": url.path.rstrip("/") + "/metrics",
-                    "worker": w.name,
-                    "pool": w.pool.name if w.pool else "",
-                    "cohort": cohorts.get(w.pool_id, "") if w.pool_id else "",
-                },
-            })
+            groups.append(
+                {
+                    "targets": [f"{host}:{port}"],
+                    "labels": {
+                        "__scheme__": url.scheme or "http",
+                        "__metrics_path__": url.path.rstrip("/") + "/metrics",
+                        "worker": w.name,
+                        "pool": w.pool.name if w.pool else "",
+                        "cohort": cohorts.get(w.pool_id, "") if w.pool_id else "",
+                    },
+                }
+            )
         return Response(groups)

@@ -42,14 +42,27 @@ COUNTERS: tuple[str, ...] = (
     "chunkpilot:kv_fragmentation_ratio_seconds_total",
     "chunkpilot:memory_byte_seconds_total",
     "chunkpilot:held_seconds_total",
+    "chunkpilot:long_prefill_steps_total",
+    "chunkpilot:prefill_seconds_total",
 )
 HISTOGRAMS: tuple[str, ...] = (
     "vllm:time_to_first_token_seconds",
     "vllm:inter_token_latency_seconds",
     "vllm:request_time_per_output_token_seconds",
     "vllm:request_queue_time_seconds",
+    "vllm:request_prefill_time_seconds",
     "chunkpilot:request_max_gap_seconds",
     "chunkpilot:prefill_chunk_wait_seconds",
+    "chunkpilot:decode_gap_long_prefill_seconds",
+    "chunkpilot:decode_gap_other_seconds",
+)
+# Histograms the worker labels by prompt-length bucket (``prompt_bucket``):
+# each is kept as one histogram per bucket, ``name{prompt_bucket=<=512}``,
+# every bucket always in the layout (``by_prompt``).
+BY_PROMPT_HISTOGRAMS: tuple[str, ...] = (
+    "chunkpilot:time_to_first_token_by_prompt_seconds",
+    "chunkpilot:request_max_gap_by_prompt_seconds",
+    "chunkpilot:request_prefill_time_by_prompt_seconds",
 )
 GAUGES: tuple[str, ...] = (
     "chunkpilot:memory_recent_peak_bytes",
@@ -58,8 +71,11 @@ GAUGES: tuple[str, ...] = (
     "vllm:kv_cache_usage_perc",
     "vllm:num_requests_running",
     "vllm:num_requests_waiting",
+    "chunkpilot:weight_bytes",
+    "chunkpilot:kv_bytes_per_token",
+    "chunkpilot:activation_bytes_per_token",
 )
-# The one gauge read as a maximum over a window (DESIGN.md: a window's memory
+# The one gauge read as a maximum over a window (docs/architecture.md, "Metrics": a window's memory
 # peak is the max of its scrapes). Stored beside the vector as a column so a
 # long window's max is one SQL aggregate.
 PEAK_MEMORY = "chunkpilot:memory_recent_peak_bytes"
@@ -130,6 +146,12 @@ def _sample_key(name: str, labels: dict[str, str]) -> str | None:
     if name in _COUNTER_SET or name in _GAUGE_SET:
         return name
     for suffix in _HISTOGRAM_SUFFIXES:
+        if name.endswith(suffix) and name[: -len(suffix)] in _BY_PROMPT_SET:
+            bucket = labels.get("prompt_bucket")
+            if bucket not in _LENGTH_LABEL_SET:
+                return None
+            kept = by_prompt(name[: -len(suffix)], bucket)
+            return bucket_key(kept, float(labels["le"])) if suffix == "_bucket" else f"{kept}{suffix}"
         if name.endswith(suffix) and name[: -len(suffix)] in _HISTOGRAM_SET:
             if suffix == "_bucket":
                 return bucket_key(name[: -len(suffix)], float(labels["le"]))
@@ -140,6 +162,12 @@ def _sample_key(name: str, labels: dict[str, str]) -> str | None:
 _COUNTER_SET = {c for c in COUNTERS if "{" not in c}
 _GAUGE_SET = set(GAUGES)
 _HISTOGRAM_SET = set(HISTOGRAMS)
+_BY_PROMPT_SET = set(BY_PROMPT_HISTOGRAMS)
+
+
+def by_prompt(histogram: str, bucket: str) -> str:
+    """The kept name of one prompt-length bucket's histogram."""
+    return f"{histogram}{{prompt_bucket={bucket}}}"
 
 
 def layout_for(bucket_bounds: Mapping[str, Iterable[float]]) -> Layout:
@@ -149,6 +177,14 @@ def layout_for(bucket_bounds: Mapping[str, Iterable[float]]) -> Layout:
         bounds = sorted(set(bucket_bounds.get(histogram, ())) | {math.inf})
         keys.extend(bucket_key(histogram, b) for b in bounds)
         keys.extend((f"{histogram}_sum", f"{histogram}_count"))
+    for histogram in BY_PROMPT_HISTOGRAMS:
+        if histogram not in bucket_bounds:
+            continue  # a worker that does not label them (an older one): none of them
+        bounds = sorted(set(bucket_bounds[histogram]) | {math.inf})
+        for label in LENGTH_BUCKET_LABELS:
+            name = by_prompt(histogram, label)
+            keys.extend(bucket_key(name, b) for b in bounds)
+            keys.extend((f"{name}_sum", f"{name}_count"))
     keys.extend(GAUGES)
     return Layout(tuple(keys))
 
@@ -168,18 +204,17 @@ def parse(text: str) -> Scrape:
             if key is None:
                 continue
             if key.endswith("}") and "_bucket{le=" in key:
-                histogram = key.split("_bucket{", 1)[0]
+                histogram = key.split("_bucket{le=", 1)[0].split("{prompt_bucket=", 1)[0]
                 bounds.setdefault(histogram, set()).add(float(sample.labels["le"]))
             sums[key] = sums.get(key, 0.0) + float(sample.value)
     layout = layout_for(bounds)
-    values = np.array(
-        [sums.get(key, math.nan if key in _GAUGE_SET else 0.0) for key in layout.keys], dtype=np.float64
-    )
+    values = np.array([sums.get(key, math.nan if key in _GAUGE_SET else 0.0) for key in layout.keys], dtype=np.float64)
     return Scrape(layout, values, profile)
 
 
-# DESIGN.md's prompt-length buckets, named as the engine's figures name them.
+# The prompt-length buckets (docs/architecture.md, "Metrics"), named as the engine's figures name them.
 LENGTH_BUCKET_LABELS: tuple[str, ...] = tuple(name for name, _ in PROMPT_BUCKETS)
+_LENGTH_LABEL_SET = set(LENGTH_BUCKET_LABELS)
 
 
 def length_bucket(prompt_tokens: int) -> str:

@@ -1,15 +1,20 @@
-"""The shipped Grafana dashboard and Prometheus rule file, generated from the
-figure registry so that a fleet on its own Prometheus sees the figures the
-control plane computes, by the same definitions.
+"""The shipped Grafana dashboard, Prometheus scrape config and rule file and
+Alertmanager config, generated from the figure registry so that a fleet on
+its own Prometheus sees the figures the control plane computes, by the same
+definitions.
 
-``python manage.py export_deploy`` writes ``deploy/grafana/chunkpilot.json``
-and ``deploy/prometheus/rules.yml``; a test fails when the checked-in files
-drift from this module.
+``python manage.py export_deploy`` writes ``deploy/grafana/chunkpilot.json``,
+``deploy/prometheus/{prometheus.yml, rules.yml, rules.test.yml}`` (the last
+from ``rule_tests``) and ``deploy/alertmanager/alertmanager.yml``; a test
+fails when the checked-in files drift from this module, and the tests run
+promtool and amtool on them.
 
 They work against the workers' own names (vLLM's, plus ``chunkpilot:*``).
 The grouping labels ``pool``, ``cohort`` and ``worker`` come from the
 control plane's HTTP service discovery (``/api/v1/metrics/prometheus-sd``),
-which labels each worker target as the control plane groups it.
+which labels each worker target as the control plane groups it; every
+worker series also carries ``model_name``, which names the routing table a
+canary is judged in.
 """
 
 from __future__ import annotations
@@ -25,7 +30,15 @@ from controlplane.metrics.figures import Figure
 
 GRAFANA_UID = "chunkpilot"
 RULE_WINDOW = "5m"
-RULE_GROUPING = "pool, cohort"
+# model_name: a canary and the stable pool it is judged against are two pools
+# serving one model (one routing table); grouping by it costs no series,
+# since a pool serves one model.
+RULE_GROUPING = "model_name, pool, cohort"
+# The label that asks Chunkpilot's inbound Alertmanager webhook to abort the
+# rollout that owns the alert's canary pool: alerts.models' ACTION_LABEL and
+# ACTION_ABORT, spelled out because metrics sits below alerts (a test holds
+# them equal).
+ACTION_LABEL, ACTION_ABORT = "chunkpilot_action", "abort_rollout"
 _METRIC = re.compile(r"((?:vllm|chunkpilot):[a-zA-Z0-9_:]+)(\{[^}]*\})?(?=\[)")
 
 
@@ -35,6 +48,7 @@ def expression(f: Figure, *, grouping: str, window: str, selector: str = "") -> 
     expr = f.promql.replace(figures.W, window)
     expr = re.sub(r"\bG\b", grouping, expr)
     if selector:
+
         def add(match: re.Match[str]) -> str:
             name, labels = match.group(1), match.group(2)
             if labels:
@@ -78,12 +92,14 @@ def _panel(panel_id: int, title: str, names: tuple[str, ...], x: int, y: int, wi
     targets = []
     for i, f in enumerate(chosen):
         suffix = "" if len(chosen) == 1 else f" {f.label.split()[-1]}"
-        targets.append({
-            "refId": chr(ord("A") + i),
-            "datasource": {"type": "prometheus", "uid": "${datasource}"},
-            "expr": expression(f, grouping="$group", window="$window", selector='pool=~"$pool"'),
-            "legendFormat": "{{$group}}" + suffix,
-        })
+        targets.append(
+            {
+                "refId": chr(ord("A") + i),
+                "datasource": {"type": "prometheus", "uid": "${datasource}"},
+                "expr": expression(f, grouping="$group", window="$window", selector='pool=~"$pool"'),
+                "legendFormat": "{{$group}}" + suffix,
+            }
+        )
     return {
         "id": panel_id,
         "type": "timeseries",
@@ -92,8 +108,10 @@ def _panel(panel_id: int, title: str, names: tuple[str, ...], x: int, y: int, wi
         "datasource": {"type": "prometheus", "uid": "${datasource}"},
         "gridPos": {"h": 8, "w": width, "x": x, "y": y},
         "fieldConfig": {"defaults": {"unit": unit, "custom": {"spanNulls": False}}, "overrides": []},
-        "options": {"legend": {"displayMode": "table", "placement": "bottom", "calcs": ["lastNotNull", "max"]},
-                    "tooltip": {"mode": "multi"}},
+        "options": {
+            "legend": {"displayMode": "table", "placement": "bottom", "calcs": ["lastNotNull", "max"]},
+            "tooltip": {"mode": "multi"},
+        },
         "targets": targets,
     }
 
@@ -105,8 +123,16 @@ def grafana_dashboard() -> dict[str, Any]:
 
     def row(title: str) -> None:
         nonlocal next_id, y
-        panels.append({"id": next_id, "type": "row", "title": title, "collapsed": False,
-                       "gridPos": {"h": 1, "w": 24, "x": 0, "y": y}, "panels": []})
+        panels.append(
+            {
+                "id": next_id,
+                "type": "row",
+                "title": title,
+                "collapsed": False,
+                "gridPos": {"h": 1, "w": 24, "x": 0, "y": y},
+                "panels": [],
+            }
+        )
         next_id += 1
         y += 1
 
@@ -121,30 +147,55 @@ def grafana_dashboard() -> dict[str, Any]:
         next_id += 1
     y += 8 * ((len(_BESIDE) + 2) // 3)
     row("Workers")
-    panels.append({
-        "id": next_id, "type": "timeseries", "title": "Requests running and waiting",
-        "datasource": {"type": "prometheus", "uid": "${datasource}"},
-        "gridPos": {"h": 8, "w": 12, "x": 0, "y": y},
-        "fieldConfig": {"defaults": {"unit": "none"}, "overrides": []},
-        "targets": [
-            {"refId": "A", "datasource": {"type": "prometheus", "uid": "${datasource}"},
-             "expr": 'sum by ($group) (vllm:num_requests_running{pool=~"$pool"})', "legendFormat": "{{$group}} running"},
-            {"refId": "B", "datasource": {"type": "prometheus", "uid": "${datasource}"},
-             "expr": 'sum by ($group) (vllm:num_requests_waiting{pool=~"$pool"})', "legendFormat": "{{$group}} waiting"},
-        ],
-    })
-    panels.append({
-        "id": next_id + 1, "type": "timeseries", "title": "KV cache usage",
-        "datasource": {"type": "prometheus", "uid": "${datasource}"},
-        "gridPos": {"h": 8, "w": 12, "x": 12, "y": y},
-        "fieldConfig": {"defaults": {"unit": "percentunit", "max": 1, "min": 0}, "overrides": []},
-        "targets": [{"refId": "A", "datasource": {"type": "prometheus", "uid": "${datasource}"},
-                     "expr": 'avg by ($group) (vllm:kv_cache_usage_perc{pool=~"$pool"})', "legendFormat": "{{$group}}"}],
-    })
+    panels.append(
+        {
+            "id": next_id,
+            "type": "timeseries",
+            "title": "Requests running and waiting",
+            "datasource": {"type": "prometheus", "uid": "${datasource}"},
+            "gridPos": {"h": 8, "w": 12, "x": 0, "y": y},
+            "fieldConfig": {"defaults": {"unit": "none"}, "overrides": []},
+            "targets": [
+                {
+                    "refId": "A",
+                    "datasource": {"type": "prometheus", "uid": "${datasource}"},
+                    "expr": 'sum by ($group) (vllm:num_requests_running{pool=~"$pool"})',
+                    "legendFormat": "{{$group}} running",
+                },
+                {
+                    "refId": "B",
+                    "datasource": {"type": "prometheus", "uid": "${datasource}"},
+                    "expr": 'sum by ($group) (vllm:num_requests_waiting{pool=~"$pool"})',
+                    "legendFormat": "{{$group}} waiting",
+                },
+            ],
+        }
+    )
+    panels.append(
+        {
+            "id": next_id + 1,
+            "type": "timeseries",
+            "title": "KV cache usage",
+            "datasource": {"type": "prometheus", "uid": "${datasource}"},
+            "gridPos": {"h": 8, "w": 12, "x": 12, "y": y},
+            "fieldConfig": {"defaults": {"unit": "percentunit", "max": 1, "min": 0}, "overrides": []},
+            "targets": [
+                {
+                    "refId": "A",
+                    "datasource": {"type": "prometheus", "uid": "${datasource}"},
+                    "expr": 'avg by ($group) (vllm:kv_cache_usage_perc{pool=~"$pool"})',
+                    "legendFormat": "{{$group}}",
+                }
+            ],
+        }
+    )
 
     def custom(name: str, label: str, options: list[str], current: str) -> dict[str, Any]:
         return {
-            "name": name, "label": label, "type": "custom", "query": ",".join(options),
+            "name": name,
+            "label": label,
+            "type": "custom",
+            "query": ",".join(options),
             "current": {"text": current, "value": current},
             "options": [{"text": o, "value": o, "selected": o == current} for o in options],
         }
@@ -160,15 +211,25 @@ def grafana_dashboard() -> dict[str, Any]:
         "editable": True,
         "refresh": "10s",
         "time": {"from": "now-1h", "to": "now"},
-        "templating": {"list": [
-            {"name": "datasource", "label": "Prometheus", "type": "datasource", "query": "prometheus"},
-            custom("group", "per", ["cohort", "pool", "worker"], "cohort"),
-            custom("window", "window", ["1m", "5m", "15m", "1h"], "5m"),
-            {"name": "pool", "label": "pool", "type": "query", "includeAll": True, "multi": True, "allValue": ".*",
-             "datasource": {"type": "prometheus", "uid": "${datasource}"},
-             "query": {"query": "label_values(vllm:num_requests_running, pool)", "refId": "pools"},
-             "refresh": 2, "current": {"text": "All", "value": "$__all"}},
-        ]},
+        "templating": {
+            "list": [
+                {"name": "datasource", "label": "Prometheus", "type": "datasource", "query": "prometheus"},
+                custom("group", "per", ["cohort", "pool", "worker"], "cohort"),
+                custom("window", "window", ["1m", "5m", "15m", "1h"], "5m"),
+                {
+                    "name": "pool",
+                    "label": "pool",
+                    "type": "query",
+                    "includeAll": True,
+                    "multi": True,
+                    "allValue": ".*",
+                    "datasource": {"type": "prometheus", "uid": "${datasource}"},
+                    "query": {"query": "label_values(vllm:num_requests_running, pool)", "refId": "pools"},
+                    "refresh": 2,
+                    "current": {"text": "All", "value": "$__all"},
+                },
+            ]
+        },
         "panels": panels,
     }
 
@@ -182,50 +243,80 @@ _ALERTS: list[dict[str, Any]] = [
         "expr": 'up{job="chunkpilot-workers"} == 0',
         "for": "1m",
         "labels": {"severity": "page"},
-        "annotations": {"summary": "Worker {{ $labels.worker }} does not answer /metrics.",
-                        "description": "Prometheus has not scraped {{ $labels.instance }} for a minute."},
+        "annotations": {
+            "summary": "Worker {{ $labels.worker }} does not answer /metrics.",
+            "description": "Prometheus has not scraped {{ $labels.instance }} for a minute.",
+        },
     },
     {
         "alert": "ChunkpilotTTFTP99High",
         "expr": f"chunkpilot:ttft_p99:{RULE_WINDOW} > 2",
         "for": "10m",
         "labels": {"severity": "warn"},
-        "annotations": {"summary": "TTFT P99 of {{ $labels.cohort }} in {{ $labels.pool }} is {{ $value | humanizeDuration }}."},
+        "annotations": {
+            "summary": "TTFT P99 of {{ $labels.cohort }} in {{ $labels.pool }} is {{ $value | humanizeDuration }}."
+        },
     },
     {
         "alert": "ChunkpilotStallsHigh",
         "expr": f"chunkpilot:stall_p99:{RULE_WINDOW} > 1",
         "for": "10m",
         "labels": {"severity": "warn"},
-        "annotations": {"summary": "Requests in {{ $labels.pool }} stall {{ $value | humanizeDuration }} at P99: "
-                                   "head-of-line blocking (a monolithic prefill?)."},
+        "annotations": {
+            "summary": "Requests in {{ $labels.pool }} stall {{ $value | humanizeDuration }} at P99: "
+            "head-of-line blocking (a monolithic prefill?)."
+        },
     },
     {
         "alert": "ChunkpilotCanaryTTFTRegression",
-        # Over 1.2x the stable cohort's P99 in the same pool's table, and above
-        # an absolute floor of 100 ms (a ratio of two tiny numbers is noise).
+        # Over 1.2x the P99 of the cohort the canary is judged against in the
+        # same model's routing table, and above an absolute floor of 100 ms
+        # (a ratio of two tiny numbers is noise). Its action label sends it
+        # through Alertmanager to Chunkpilot's webhook, which aborts the
+        # rollout that owns the canary pool (see deploy/alertmanager/).
         "expr": (
-            f'(chunkpilot:ttft_p99:{RULE_WINDOW}{{cohort="canary"}} > on (pool) '
-            f"(1.2 * chunkpilot:ttft_p99:{RULE_WINDOW}:by_pool_stable)) "
+            f'(chunkpilot:ttft_p99:{RULE_WINDOW}{{cohort="canary"}} > on (model_name) group_left () '
+            f"(1.2 * chunkpilot:ttft_p99:{RULE_WINDOW}:reference)) "
             f'and chunkpilot:ttft_p99:{RULE_WINDOW}{{cohort="canary"}} > 0.1'
         ),
         "for": "10m",
-        "labels": {"severity": "warn"},
-        "annotations": {"summary": "The canary's TTFT P99 is over 1.2× the stable cohort's."},
+        "labels": {"severity": "warn", ACTION_LABEL: ACTION_ABORT},
+        "annotations": {
+            "summary": "The TTFT P99 of canary {{ $labels.pool }} is {{ $value | humanizeDuration }}, "
+            "over 1.2× its baseline's: Chunkpilot aborts the rollout that owns it."
+        },
     },
     {
         "alert": "ChunkpilotKVFragmentationHigh",
         "expr": f"chunkpilot:kv_fragmentation:{RULE_WINDOW} > 0.5",
         "for": "15m",
         "labels": {"severity": "info"},
-        "annotations": {"summary": "Half the KV blocks held in {{ $labels.pool }} are empty slots: block_size too large?"},
+        "annotations": {
+            "summary": "Half the KV blocks held in {{ $labels.pool }} are empty slots: block_size too large?"
+        },
     },
     {
         "alert": "ChunkpilotPreemptions",
         "expr": f"chunkpilot:preemptions_per_second:{RULE_WINDOW} > 0.1",
         "for": "10m",
         "labels": {"severity": "warn"},
-        "annotations": {"summary": "{{ $labels.pool }} preempts {{ $value }} requests/s: KV cache too small for the load."},
+        "annotations": {
+            "summary": "{{ $labels.pool }} preempts {{ $value }} requests/s: KV cache too small for the load."
+        },
+    },
+    {
+        "alert": "ChunkpilotCanaryStreamsSilent",
+        # Streams in flight in a canary with no token for GATEWAY_STREAM_SILENCE_SECONDS,
+        # as every live gateway reports them to the control plane's /metrics.
+        # A wedged chunk scheduler shows up here long before those requests
+        # would finish (if they ever do); the action label aborts the rollout.
+        "expr": 'sum by (model, pool) (chunkpilot_gateway_streams_silent{cohort="canary"}) > 0',
+        "for": "1m",
+        "labels": {"severity": "critical", ACTION_LABEL: ACTION_ABORT},
+        "annotations": {
+            "summary": "{{ $value }} streams of canary {{ $labels.pool }} have had no token for "
+            "GATEWAY_STREAM_SILENCE_SECONDS: Chunkpilot aborts the rollout that owns it."
+        },
     },
     {
         "alert": "ChunkpilotControlPlaneScrapeFailing",
@@ -236,25 +327,49 @@ _ALERTS: list[dict[str, Any]] = [
     },
 ]
 
-RECORDED = ("ttft_p99", "memory_peak_to_mean", "prefill_wait_mean", "prefill_wait_p99", "kv_fragmentation",
-            "itl_p99", "stall_p99", "tpot_p99", "queue_time_p99", "requests_per_second", "output_tokens_per_second",
-            "prefill_tokens_per_step", "decode_tokens_per_step", "preemptions_per_second", "prefix_cache_hit_rate")
+RECORDED = (
+    "ttft_p99",
+    "memory_peak_to_mean",
+    "prefill_wait_mean",
+    "prefill_wait_p99",
+    "kv_fragmentation",
+    "itl_p99",
+    "stall_p99",
+    "tpot_p99",
+    "queue_time_p99",
+    "requests_per_second",
+    "output_tokens_per_second",
+    "prefill_tokens_per_step",
+    "decode_tokens_per_step",
+    "preemptions_per_second",
+    "prefix_cache_hit_rate",
+)
 
 
 def prometheus_rules() -> dict[str, Any]:
     recording = [
-        {"record": f"chunkpilot:{name}:{RULE_WINDOW}",
-         "expr": expression(figures.get(name), grouping=RULE_GROUPING, window=RULE_WINDOW)}
+        {
+            "record": f"chunkpilot:{name}:{RULE_WINDOW}",
+            "expr": expression(figures.get(name), grouping=RULE_GROUPING, window=RULE_WINDOW),
+        }
         for name in RECORDED
     ]
-    recording.append({
-        "record": f"chunkpilot:ttft_p99:{RULE_WINDOW}:by_pool_stable",
-        "expr": f'max by (pool) (chunkpilot:ttft_p99:{RULE_WINDOW}{{cohort="stable"}})',
-    })
-    return {"groups": [
-        {"name": "chunkpilot-figures", "interval": "30s", "rules": recording},
-        {"name": "chunkpilot-alerts", "rules": _ALERTS},
-    ]}
+    # What a canary is judged against, per model: its table's baseline cohort
+    # where it has one, else its stable cohort (the control plane's own
+    # canary rule does the same).
+    recording.append(
+        {
+            "record": f"chunkpilot:ttft_p99:{RULE_WINDOW}:reference",
+            "expr": f'max by (model_name) (chunkpilot:ttft_p99:{RULE_WINDOW}{{cohort="baseline"}}) '
+            f'or max by (model_name) (chunkpilot:ttft_p99:{RULE_WINDOW}{{cohort="stable"}})',
+        }
+    )
+    return {
+        "groups": [
+            {"name": "chunkpilot-figures", "interval": "30s", "rules": recording},
+            {"name": "chunkpilot-alerts", "rules": _ALERTS},
+        ]
+    }
 
 
 HEADER = (
@@ -271,3 +386,130 @@ def rules_yaml() -> str:
 
 def dashboard_json() -> str:
     return json.dumps(grafana_dashboard(), indent=2, ensure_ascii=False) + "\n"
+
+
+# ---- Prometheus and Alertmanager configs -------------------------------------------
+
+# Placeholders an operator replaces (and the tests template): the control
+# plane's URL, and an API token in a file beside each config (a viewer's for
+# Prometheus, an operator's for Alertmanager, whose webhook acts).
+EXAMPLE_URL = "https://chunkpilot.example.com"
+TOKEN_FILE = "chunkpilot-token"
+SD_PATH = "/api/v1/metrics/prometheus-sd"
+WEBHOOK_PATH = "/api/v1/alerts/webhook/"
+WORKERS_JOB = "chunkpilot-workers"
+CONTROL_PLANE_JOB = "chunkpilot-control-plane"
+WEBHOOK_RECEIVER = "chunkpilot"
+
+
+def _token() -> dict[str, str]:
+    return {"type": "Token", "credentials_file": TOKEN_FILE}
+
+
+def prometheus_config() -> dict[str, Any]:
+    host = EXAMPLE_URL.split("://", 1)[1]
+    return {
+        "global": {"scrape_interval": "15s", "evaluation_interval": "30s"},
+        "rule_files": ["rules.yml"],
+        "alerting": {"alertmanagers": [{"static_configs": [{"targets": ["localhost:9093"]}]}]},
+        "scrape_configs": [
+            {
+                "job_name": WORKERS_JOB,
+                # Shorter than the figures' windows by far, and than the 15 s
+                # the recent-peak gauge holds a peak, so no peak falls between scrapes.
+                "scrape_interval": "5s",
+                "http_sd_configs": [
+                    {"url": EXAMPLE_URL + SD_PATH, "refresh_interval": "30s", "authorization": _token()}
+                ],
+            },
+            {
+                "job_name": CONTROL_PLANE_JOB,
+                "metrics_path": "/metrics",
+                "scheme": EXAMPLE_URL.split("://", 1)[0],
+                "static_configs": [{"targets": [f"{host}:443"]}],
+                "authorization": _token(),
+            },
+        ],
+    }
+
+
+def alertmanager_config() -> dict[str, Any]:
+    return {
+        "route": {
+            "receiver": "operators",
+            "group_by": ["alertname", "model_name", "pool", "cohort"],
+            "group_wait": "30s",
+            "group_interval": "5m",
+            "repeat_interval": "4h",
+            "routes": [
+                # Alerts that act go to Chunkpilot at once (it acts once per
+                # fingerprint and start, however often they repeat), and on
+                # to the operators' receiver too.
+                {
+                    "receiver": WEBHOOK_RECEIVER,
+                    "matchers": [f'{ACTION_LABEL}="{ACTION_ABORT}"'],
+                    "group_wait": "0s",
+                    "group_interval": "30s",
+                    "repeat_interval": "5m",
+                    "continue": True,
+                },
+                {"receiver": "operators"},
+            ],
+        },
+        "receivers": [
+            {"name": "operators"},
+            {
+                "name": WEBHOOK_RECEIVER,
+                "webhook_configs": [
+                    {
+                        "url": EXAMPLE_URL + WEBHOOK_PATH,
+                        "send_resolved": True,
+                        "http_config": {"authorization": _token()},
+                    },
+                ],
+            },
+        ],
+    }
+
+
+PROMETHEUS_HEADER = (
+    "# Prometheus scraping a Chunkpilot fleet: the workers as the control plane's HTTP service\n"
+    "# discovery lists them (labelled worker, pool, cohort), the control plane's own /metrics, the\n"
+    "# shipped rules, and an Alertmanager. Generated by `python manage.py export_deploy`.\n"
+    f"# Replace {EXAMPLE_URL} with your control plane, put a viewer's API token in\n"
+    f"# {TOKEN_FILE} beside this file (`python manage.py createapitoken`), and point alerting\n"
+    "# at your Alertmanager. See README.md.\n"
+)
+ALERTMANAGER_HEADER = (
+    '# Alertmanager routing Chunkpilot\'s acting alerts (chunkpilot_action="abort_rollout") to its\n'
+    "# webhook, which aborts the rollout that owns the canary pool. Generated by\n"
+    f"# `python manage.py export_deploy`. Replace {EXAMPLE_URL} with your control plane, put an\n"
+    f"# operator's API token in {TOKEN_FILE} beside this file, and give the operators receiver\n"
+    "# your pager, email or chat.\n"
+)
+
+
+def _yaml(data: Any) -> str:
+    return yaml.safe_dump(data, sort_keys=False, width=120, allow_unicode=True)
+
+
+def prometheus_yaml() -> str:
+    return PROMETHEUS_HEADER + _yaml(prometheus_config())
+
+
+def alertmanager_yaml() -> str:
+    return ALERTMANAGER_HEADER + _yaml(alertmanager_config())
+
+
+def files() -> dict[str, str]:
+    """Every shipped file by its path under ``deploy/``."""
+    # Not at the top: rule_tests reads this module's rules (a real cycle).
+    from controlplane.metrics import rule_tests
+
+    return {
+        "grafana/chunkpilot.json": dashboard_json(),
+        "prometheus/prometheus.yml": prometheus_yaml(),
+        "prometheus/rules.yml": rules_yaml(),
+        "prometheus/rules.test.yml": rule_tests.rule_tests_yaml(),
+        "alertmanager/alertmanager.yml": alertmanager_yaml(),
+    }

@@ -25,6 +25,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from controlplane.fleet.health import WorkerState
+from controlplane.fleet.models import Pool, Worker
+from controlplane.gateway import bus
+from controlplane.gateway.models import RoutingPool, RoutingTable
+from controlplane.metrics.models import ScrapeRound, ScrapeStatus, ServiceObjectives
+
 log = logging.getLogger(__name__)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -47,7 +53,7 @@ class _Providers(Collector):
         for name, provider in list(_providers.items()):
             try:
                 yield from provider()
-            except Exception:  # noqa: BLE001 - see the module docstring
+            except Exception:
                 log.exception("metrics provider %s failed", name)
 
 
@@ -64,16 +70,13 @@ def render() -> bytes:
 def fleet_gauges() -> Iterator[Metric]:
     from django.db.models import Count
 
-    from controlplane.fleet.health import State
-    from controlplane.fleet.models import Pool, Worker
-
     workers = GaugeMetricFamily("chunkpilot_fleet_workers", "Workers by state and pool.", labels=["state", "pool"])
     counts = Worker.objects.values_list("state", "pool__name").annotate(n=Count("id"))
     seen = set()
     for state, pool, n in counts:
-        workers.add_metric([State(state).label, pool or ""], n)
-        seen.add(State(state).label)
-    for state in State:  # every state present, so rules can compare against 0
+        workers.add_metric([WorkerState(state).label, pool or ""], n)
+        seen.add(WorkerState(state).label)
+    for state in WorkerState:  # every state present, so rules can compare against 0
         if state.label not in seen:
             workers.add_metric([state.label, ""], 0)
     yield workers
@@ -89,9 +92,9 @@ def fleet_gauges() -> Iterator[Metric]:
 
 @register
 def scrape_gauges() -> Iterator[Metric]:
-    from controlplane.metrics.models import ScrapeRound, ScrapeStatus, ServiceObjectives
-
-    up = GaugeMetricFamily("chunkpilot_worker_scrape_up", "1 if the worker's last scrape answered.", labels=["worker", "pool"])
+    up = GaugeMetricFamily(
+        "chunkpilot_worker_scrape_up", "1 if the worker's last scrape answered.", labels=["worker", "pool"]
+    )
     duration = GaugeMetricFamily(
         "chunkpilot_worker_scrape_duration_seconds", "How long the worker's last scrape took.", labels=["worker"]
     )
@@ -120,10 +123,9 @@ def scrape_gauges() -> Iterator[Metric]:
 @register
 def routing_gauges() -> Iterator[Metric]:
     """Traffic shares as rollouts move them: the canary's weight over time."""
-    from controlplane.gateway.models import RoutingPool, RoutingTable
-
     weight = GaugeMetricFamily(
-        "chunkpilot_routing_weight_basis_points", "Share of a model's traffic routed to a pool (10000 = all).",
+        "chunkpilot_routing_weight_basis_points",
+        "Share of a model's traffic routed to a pool (10000 = all).",
         labels=["model", "pool", "role"],
     )
     for model, pool, role, bp in RoutingPool.objects.values_list("table__model", "pool__name", "role", "weight_bp"):
@@ -133,3 +135,25 @@ def routing_gauges() -> Iterator[Metric]:
     for model, value in RoutingTable.objects.values_list("model", "epoch"):
         epoch.add_metric([model], value)
     yield epoch
+
+
+@register
+def gateway_stream_gauges() -> Iterator[Metric]:
+    """Streams in flight that went silent, as every live gateway's liveness
+    record reports them (Redis, refreshed each GATEWAY_HEARTBEAT_SECONDS):
+    what the shipped ChunkpilotCanaryStreamsSilent alert watches."""
+    gateways = bus.live_gateways()
+    silent = GaugeMetricFamily(
+        "chunkpilot_gateway_streams_silent",
+        "Streams in flight with no token for more than GATEWAY_STREAM_SILENCE_SECONDS, over all gateways.",
+        labels=["model", "cohort", "pool", "worker"],
+    )
+    for item in bus.silent_streams(gateways):
+        silent.add_metric([item["model"], item["cohort"], item["pool"], item["worker"]], item["streams"])
+    yield silent
+    longest = GaugeMetricFamily(
+        "chunkpilot_gateway_stream_longest_silence_seconds",
+        "The longest time any stream in flight on any gateway has gone without a token.",
+    )
+    longest.add_metric([], max((float(g.streams.get("longest_silence_seconds") or 0.0) for g in gateways), default=0.0))
+    yield longest

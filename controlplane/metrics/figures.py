@@ -3,7 +3,7 @@
 Each figure has a name, a unit, which way is better, and how to compute it
 over a range from one group's inputs. The query API, the dashboards, the
 rollout analysis and the alert rules all read this registry, so a figure has
-one definition everywhere (DESIGN.md's Metrics section is the law).
+one definition everywhere (docs/architecture.md, "Metrics", says what each means).
 
 Two sources:
 
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Literal
 
@@ -41,8 +41,10 @@ from workers.figures import percentile
 
 
 class Direction(StrEnum):
-    LOWER = "lower"  # lower is better
-    HIGHER = "higher"
+    """Which way a figure gets better: the figure registry and the canary judge share it."""
+
+    LOWER = "lower"  # lower is better (latency, errors)
+    HIGHER = "higher"  # higher is better (throughput)
 
 
 Source = Literal["scrape", "requests"]
@@ -70,16 +72,33 @@ class RequestRows:
     tpot: Floats
     max_gap: Floats
     e2e: Floats
+    # bool: the gateway ended the stream its worker stopped feeding (598); None: not read
+    timed_out: np.ndarray | None = None
 
     @classmethod
     def empty(cls) -> RequestRows:
         nothing = np.zeros(0)
-        return cls(nothing, np.zeros(0, dtype=bool), np.zeros(0, dtype=bool), nothing, nothing, nothing, nothing)
+        return cls(
+            nothing,
+            np.zeros(0, dtype=bool),
+            np.zeros(0, dtype=bool),
+            nothing,
+            nothing,
+            nothing,
+            nothing,
+            np.zeros(0, dtype=bool),
+        )
 
     def take(self, index: np.ndarray | slice) -> RequestRows:
         return RequestRows(
-            self.created[index], self.ok[index], self.failed[index], self.ttft[index], self.tpot[index],
-            self.max_gap[index], self.e2e[index],
+            self.created[index],
+            self.ok[index],
+            self.failed[index],
+            self.ttft[index],
+            self.tpot[index],
+            self.max_gap[index],
+            self.e2e[index],
+            None if self.timed_out is None else self.timed_out[index],
         )
 
 
@@ -143,6 +162,8 @@ class Figure:
     promql: str = ""
     needs_peak_memory: bool = False
     display: str = ""  # how to show a value: duration, percent, times, rate, number (default: from the unit)
+    # (histogram, quantile) the worker labels by prompt-length bucket: the figure per length bucket
+    by_prompt: tuple[str, float] | None = None
     _scrape: ScrapeFn | None = field(default=None, repr=False, compare=False)
     _requests: RequestFn | None = field(default=None, repr=False, compare=False)
 
@@ -151,6 +172,14 @@ class Figure:
         if not group.targets:
             return np.full(group.num_points, np.nan)
         return self._scrape(group)
+
+    def from_group_by_prompt(self, group: Group, bucket: str) -> Floats:
+        """The figure over one prompt-length bucket's histogram (``by_prompt``)."""
+        assert self.by_prompt is not None, self.name
+        histogram, q = self.by_prompt
+        if not group.targets:
+            return np.full(group.num_points, np.nan)
+        return _quantile(q, catalogue.by_prompt(histogram, bucket))(group)
 
     def from_targets(self, targets: Sequence[TargetWindows], num_points: int) -> Floats:
         return self.from_group(Group(targets, num_points))
@@ -291,8 +320,9 @@ def _peak_to_mean(t: TargetWindows) -> Floats:
 # ---- request-log arithmetic -------------------------------------------------------
 
 
-def _per_window(rows: RequestRows, points: Floats, range_seconds: float,
-                reduce: Callable[[RequestRows], float]) -> Floats:
+def _per_window(
+    rows: RequestRows, points: Floats, range_seconds: float, reduce: Callable[[RequestRows], float]
+) -> Floats:
     lo = np.searchsorted(rows.created, points - range_seconds, side="right")
     hi = np.searchsorted(rows.created, points, side="right")
     out = np.full(len(points), np.nan)
@@ -357,14 +387,26 @@ def _request_count(rows: RequestRows, points: Floats, range_seconds: float, obje
     return _per_window(rows, points, range_seconds, lambda w: float(len(w.created)))
 
 
+def _timed_out_count(rows: RequestRows, points: Floats, range_seconds: float, objectives: Objectives) -> Floats:
+    def reduce(w: RequestRows) -> float:
+        if w.timed_out is None or not len(w.created):
+            return math.nan
+        return float(w.timed_out.sum())
+
+    return _per_window(rows, points, range_seconds, reduce)
+
+
 # ---- the registry -------------------------------------------------------------
 
 TTFT = "vllm:time_to_first_token_seconds"
 ITL = "vllm:inter_token_latency_seconds"
 TPOT = "vllm:request_time_per_output_token_seconds"
 QUEUE = "vllm:request_queue_time_seconds"
+PREFILL_TIME = "vllm:request_prefill_time_seconds"
 MAX_GAP = "chunkpilot:request_max_gap_seconds"
 CHUNK_WAIT = "chunkpilot:prefill_chunk_wait_seconds"
+GAP_LONG = "chunkpilot:decode_gap_long_prefill_seconds"
+GAP_OTHER = "chunkpilot:decode_gap_other_seconds"
 PREFILL_TOKENS = "chunkpilot:step_tokens_total{kind=prefill}"
 DECODE_TOKENS = "chunkpilot:step_tokens_total{kind=decode}"
 W = "$__range"  # Grafana's window variable in the PromQL strings; G: the grouping
@@ -374,10 +416,30 @@ def _hq(q: float, histogram: str) -> str:
     return f"histogram_quantile({q}, sum by (le, G) (rate({histogram}_bucket[{W}])))"
 
 
-def _scrape(name: str, label: str, unit: str, direction: Direction, description: str, compute: ScrapeFn,
-            expr: str, *, needs_peak_memory: bool = False, display: str = "") -> Figure:
-    return Figure(name, label, unit, direction, "scrape", description, expr, needs_peak_memory=needs_peak_memory,
-                  display=display, _scrape=compute)
+def _scrape(
+    name: str,
+    label: str,
+    unit: str,
+    direction: Direction,
+    description: str,
+    compute: ScrapeFn,
+    expr: str,
+    *,
+    needs_peak_memory: bool = False,
+    display: str = "",
+) -> Figure:
+    return Figure(
+        name,
+        label,
+        unit,
+        direction,
+        "scrape",
+        description,
+        expr,
+        needs_peak_memory=needs_peak_memory,
+        display=display,
+        _scrape=compute,
+    )
 
 
 def _requests(name: str, label: str, unit: str, direction: Direction, description: str, compute: RequestFn) -> Figure:
@@ -390,110 +452,418 @@ FIGURES: dict[str, Figure] = {
     f.name: f
     for f in [
         # The four-figure panel.
-        _scrape("ttft_p99", "TTFT P99", "s", L, "Arrival to first token, 99th percentile over the window.",
-                _quantile(0.99, TTFT), _hq(0.99, TTFT)),
-        _scrape("memory_peak_to_mean", "Memory peak/mean", "ratio", L,
-                "Peak engine memory over the window (max of the 15-s recent-peak gauge's scrapes) divided by its "
-                "time-weighted mean (memory byte-seconds over the seconds they cover), per worker, averaged over "
-                "the group. Lower means the peaks were spread out.",
-                _avg_over_targets(_peak_to_mean),
-                f"avg by (G) (max_over_time(chunkpilot:memory_recent_peak_bytes[{W}]) / "
-                f"(rate(chunkpilot:memory_byte_seconds_total[{W}]) / rate(chunkpilot:held_seconds_total[{W}])))",
-                needs_peak_memory=True, display="times"),
-        _scrape("prefill_wait_mean", "Prefill wait mean", "s", L,
-                "Per prefill chunk, how long its request waited, schedulable, since its previous chunk ended (or "
-                "since arrival); mean over the window.",
-                _mean(CHUNK_WAIT),
-                f"sum by (G) (rate({CHUNK_WAIT}_sum[{W}])) / sum by (G) (rate({CHUNK_WAIT}_count[{W}]))"),
-        _scrape("prefill_wait_p99", "Prefill wait P99", "s", L, "Per prefill chunk wait, 99th percentile.",
-                _quantile(0.99, CHUNK_WAIT), _hq(0.99, CHUNK_WAIT)),
-        _scrape("kv_fragmentation", "KV fragmentation", "ratio", L,
-                "1 − tokens stored / (blocks held × block size), sampled each step, time-weighted mean over the "
-                "window per worker, averaged over the group.",
-                _avg_over_targets(_time_weighted_mean("chunkpilot:kv_fragmentation_ratio_seconds_total")),
-                f"avg by (G) (rate(chunkpilot:kv_fragmentation_ratio_seconds_total[{W}]) / "
-                f"rate(chunkpilot:held_seconds_total[{W}]))"),
+        _scrape(
+            "ttft_p99",
+            "TTFT P99",
+            "s",
+            L,
+            "Arrival to first token, 99th percentile over the window.",
+            _quantile(0.99, TTFT),
+            _hq(0.99, TTFT),
+        ),
+        _scrape(
+            "memory_peak_to_mean",
+            "Memory peak/mean",
+            "ratio",
+            L,
+            "Peak engine memory over the window (max of the 15-s recent-peak gauge's scrapes) divided by its "
+            "time-weighted mean (memory byte-seconds over the seconds they cover), per worker, averaged over "
+            "the group. Lower means the peaks were spread out.",
+            _avg_over_targets(_peak_to_mean),
+            f"avg by (G) (max_over_time(chunkpilot:memory_recent_peak_bytes[{W}]) / "
+            f"(rate(chunkpilot:memory_byte_seconds_total[{W}]) / rate(chunkpilot:held_seconds_total[{W}])))",
+            needs_peak_memory=True,
+            display="times",
+        ),
+        _scrape(
+            "prefill_wait_mean",
+            "Prefill wait mean",
+            "s",
+            L,
+            "Per prefill chunk, how long its request waited, schedulable, since its previous chunk ended (or "
+            "since arrival); mean over the window.",
+            _mean(CHUNK_WAIT),
+            f"sum by (G) (rate({CHUNK_WAIT}_sum[{W}])) / sum by (G) (rate({CHUNK_WAIT}_count[{W}]))",
+        ),
+        _scrape(
+            "prefill_wait_p99",
+            "Prefill wait P99",
+            "s",
+            L,
+            "Per prefill chunk wait, 99th percentile.",
+            _quantile(0.99, CHUNK_WAIT),
+            _hq(0.99, CHUNK_WAIT),
+        ),
+        _scrape(
+            "kv_fragmentation",
+            "KV fragmentation",
+            "ratio",
+            L,
+            "1 − tokens stored / (blocks held × block size), sampled each step, time-weighted mean over the "
+            "window per worker, averaged over the group.",
+            _avg_over_targets(_time_weighted_mean("chunkpilot:kv_fragmentation_ratio_seconds_total")),
+            f"avg by (G) (rate(chunkpilot:kv_fragmentation_ratio_seconds_total[{W}]) / "
+            f"rate(chunkpilot:held_seconds_total[{W}]))",
+        ),
         # Beside them.
-        _scrape("itl_p99", "ITL P99", "s", L, "Time between consecutive tokens, 99th percentile over all gaps.",
-                _quantile(0.99, ITL), _hq(0.99, ITL)),
-        _scrape("stall_p99", "Stalls P99", "s", L,
-                "Each finished request's largest gap between two tokens, 99th percentile over requests: "
-                "head-of-line blocking that whole-run ITL hides.",
-                _quantile(0.99, MAX_GAP), _hq(0.99, MAX_GAP)),
-        _scrape("tpot_p99", "TPOT P99", "s", L, "Per request, decode time per output token; 99th percentile.",
-                _quantile(0.99, TPOT), _hq(0.99, TPOT)),
-        _scrape("tpot_mean", "TPOT mean", "s", L, "Per request, decode time per output token; mean.",
-                _mean(TPOT), f"sum by (G) (rate({TPOT}_sum[{W}])) / sum by (G) (rate({TPOT}_count[{W}]))"),
-        _scrape("queue_time_p99", "Queue time P99", "s", L, "Arrival to first scheduled, 99th percentile.",
-                _quantile(0.99, QUEUE), _hq(0.99, QUEUE)),
-        _scrape("queue_time_mean", "Queue time mean", "s", L, "Arrival to first scheduled, mean.",
-                _mean(QUEUE), f"sum by (G) (rate({QUEUE}_sum[{W}])) / sum by (G) (rate({QUEUE}_count[{W}]))"),
-        _scrape("requests_per_second", "Requests/s", "requests/s", H, "Requests the engines finished, per second.",
-                _rate("vllm:request_success_total"), f"sum by (G) (rate(vllm:request_success_total[{W}]))"),
-        _scrape("output_tokens_per_second", "Output tokens/s", "tokens/s", H, "Generated tokens per second.",
-                _rate("vllm:generation_tokens_total"), f"sum by (G) (rate(vllm:generation_tokens_total[{W}]))"),
-        _scrape("prompt_tokens_per_second", "Prompt tokens/s", "tokens/s", H, "Prompt tokens taken in per second.",
-                _rate("vllm:prompt_tokens_total"), f"sum by (G) (rate(vllm:prompt_tokens_total[{W}]))"),
-        _scrape("prefill_tokens_per_step", "Prefill tokens/step", "tokens/step", Direction.HIGHER,
-                "The token mix: prompt tokens run per engine step.",
-                _ratio_of(_keys(PREFILL_TOKENS), _keys("chunkpilot:steps_total")),
-                f'sum by (G) (rate(chunkpilot:step_tokens_total{{kind="prefill"}}[{W}])) / '
-                f"sum by (G) (rate(chunkpilot:steps_total[{W}]))"),
-        _scrape("decode_tokens_per_step", "Decode tokens/step", "tokens/step", Direction.HIGHER,
-                "The token mix: decode tokens run per engine step.",
-                _ratio_of(_keys(DECODE_TOKENS), _keys("chunkpilot:steps_total")),
-                f'sum by (G) (rate(chunkpilot:step_tokens_total{{kind="decode"}}[{W}])) / '
-                f"sum by (G) (rate(chunkpilot:steps_total[{W}]))"),
-        _scrape("prefill_token_share", "Prefill share of tokens", "ratio", Direction.HIGHER,
-                "Prompt tokens over all tokens the engines ran.",
-                _ratio_of(_keys(PREFILL_TOKENS), _keys(PREFILL_TOKENS, DECODE_TOKENS)),
-                f'sum by (G) (rate(chunkpilot:step_tokens_total{{kind="prefill"}}[{W}])) / '
-                f"sum by (G) (rate(chunkpilot:step_tokens_total[{W}]))"),
-        _scrape("preemptions_per_second", "Preemptions/s", "1/s", L, "Requests preempted per second.",
-                _rate("vllm:num_preemptions_total"), f"sum by (G) (rate(vllm:num_preemptions_total[{W}]))"),
-        _scrape("prefix_cache_hit_rate", "Prefix-cache hit rate", "ratio", H,
-                "Cached prompt tokens over queried prompt tokens.",
-                _ratio_of(_keys("vllm:prefix_cache_hits_total"), _keys("vllm:prefix_cache_queries_total")),
-                f"sum by (G) (rate(vllm:prefix_cache_hits_total[{W}])) / "
-                f"sum by (G) (rate(vllm:prefix_cache_queries_total[{W}]))"),
+        _scrape(
+            "itl_p99",
+            "ITL P99",
+            "s",
+            L,
+            "Time between consecutive tokens, 99th percentile over all gaps.",
+            _quantile(0.99, ITL),
+            _hq(0.99, ITL),
+        ),
+        _scrape(
+            "stall_p99",
+            "Stalls P99",
+            "s",
+            L,
+            "Each finished request's largest gap between two tokens, 99th percentile over requests: "
+            "head-of-line blocking that whole-run ITL hides.",
+            _quantile(0.99, MAX_GAP),
+            _hq(0.99, MAX_GAP),
+        ),
+        _scrape(
+            "tpot_p99",
+            "TPOT P99",
+            "s",
+            L,
+            "Per request, decode time per output token; 99th percentile.",
+            _quantile(0.99, TPOT),
+            _hq(0.99, TPOT),
+        ),
+        _scrape(
+            "tpot_mean",
+            "TPOT mean",
+            "s",
+            L,
+            "Per request, decode time per output token; mean.",
+            _mean(TPOT),
+            f"sum by (G) (rate({TPOT}_sum[{W}])) / sum by (G) (rate({TPOT}_count[{W}]))",
+        ),
+        _scrape(
+            "queue_time_p99",
+            "Queue time P99",
+            "s",
+            L,
+            "Arrival to first scheduled, 99th percentile.",
+            _quantile(0.99, QUEUE),
+            _hq(0.99, QUEUE),
+        ),
+        _scrape(
+            "queue_time_mean",
+            "Queue time mean",
+            "s",
+            L,
+            "Arrival to first scheduled, mean.",
+            _mean(QUEUE),
+            f"sum by (G) (rate({QUEUE}_sum[{W}])) / sum by (G) (rate({QUEUE}_count[{W}]))",
+        ),
+        _scrape(
+            "requests_per_second",
+            "Requests/s",
+            "requests/s",
+            H,
+            "Requests the engines finished, per second.",
+            _rate("vllm:request_success_total"),
+            f"sum by (G) (rate(vllm:request_success_total[{W}]))",
+        ),
+        _scrape(
+            "output_tokens_per_second",
+            "Output tokens/s",
+            "tokens/s",
+            H,
+            "Generated tokens per second.",
+            _rate("vllm:generation_tokens_total"),
+            f"sum by (G) (rate(vllm:generation_tokens_total[{W}]))",
+        ),
+        _scrape(
+            "prompt_tokens_per_second",
+            "Prompt tokens/s",
+            "tokens/s",
+            H,
+            "Prompt tokens taken in per second.",
+            _rate("vllm:prompt_tokens_total"),
+            f"sum by (G) (rate(vllm:prompt_tokens_total[{W}]))",
+        ),
+        _scrape(
+            "prefill_tokens_per_step",
+            "Prefill tokens/step",
+            "tokens/step",
+            Direction.HIGHER,
+            "The token mix: prompt tokens run per engine step.",
+            _ratio_of(_keys(PREFILL_TOKENS), _keys("chunkpilot:steps_total")),
+            f'sum by (G) (rate(chunkpilot:step_tokens_total{{kind="prefill"}}[{W}])) / '
+            f"sum by (G) (rate(chunkpilot:steps_total[{W}]))",
+        ),
+        _scrape(
+            "decode_tokens_per_step",
+            "Decode tokens/step",
+            "tokens/step",
+            Direction.HIGHER,
+            "The token mix: decode tokens run per engine step.",
+            _ratio_of(_keys(DECODE_TOKENS), _keys("chunkpilot:steps_total")),
+            f'sum by (G) (rate(chunkpilot:step_tokens_total{{kind="decode"}}[{W}])) / '
+            f"sum by (G) (rate(chunkpilot:steps_total[{W}]))",
+        ),
+        _scrape(
+            "prefill_token_share",
+            "Prefill share of tokens",
+            "ratio",
+            Direction.HIGHER,
+            "Prompt tokens over all tokens the engines ran.",
+            _ratio_of(_keys(PREFILL_TOKENS), _keys(PREFILL_TOKENS, DECODE_TOKENS)),
+            f'sum by (G) (rate(chunkpilot:step_tokens_total{{kind="prefill"}}[{W}])) / '
+            f"sum by (G) (rate(chunkpilot:step_tokens_total[{W}]))",
+        ),
+        _scrape(
+            "preemptions_per_second",
+            "Preemptions/s",
+            "1/s",
+            L,
+            "Requests preempted per second.",
+            _rate("vllm:num_preemptions_total"),
+            f"sum by (G) (rate(vllm:num_preemptions_total[{W}]))",
+        ),
+        _scrape(
+            "prefix_cache_hit_rate",
+            "Prefix-cache hit rate",
+            "ratio",
+            H,
+            "Cached prompt tokens over queried prompt tokens.",
+            _ratio_of(_keys("vllm:prefix_cache_hits_total"), _keys("vllm:prefix_cache_queries_total")),
+            f"sum by (G) (rate(vllm:prefix_cache_hits_total[{W}])) / "
+            f"sum by (G) (rate(vllm:prefix_cache_queries_total[{W}]))",
+        ),
+        # Head-of-line blocking (the advisor's evidence; engines whose steps say what prefill ran).
+        _scrape(
+            "decode_gap_long_prefill_p99",
+            "Decode gap P99 during long prefills",
+            "s",
+            L,
+            "Gaps between tokens of the requests decoding while a long prefill ran (more than "
+            "workers.figures.LONG_PREFILL_TOKENS tokens left after its prefix hit), 99th percentile.",
+            _quantile(0.99, GAP_LONG),
+            _hq(0.99, GAP_LONG),
+        ),
+        _scrape(
+            "decode_gap_other_p99",
+            "Decode gap P99 otherwise",
+            "s",
+            L,
+            "Gaps between tokens of the requests decoding while no long prefill ran, 99th percentile.",
+            _quantile(0.99, GAP_OTHER),
+            _hq(0.99, GAP_OTHER),
+        ),
+        _scrape(
+            "hol_ratio",
+            "Head-of-line ratio",
+            "ratio",
+            L,
+            "Decode gap P99 during long prefills over the decode gap P99 otherwise: how much a long prefill "
+            "stalls the streams beside it (about 1 under well-tuned chunking). On a chunked canary, a rule "
+            'on it is the advisor\'s "budget too large" finding.',
+            _ratio_of(_quantile(0.99, GAP_LONG), _quantile(0.99, GAP_OTHER)),
+            f"{_hq(0.99, GAP_LONG)} / {_hq(0.99, GAP_OTHER)}",
+            display="times",
+        ),
+        _scrape(
+            "prefill_seconds_per_token",
+            "Prefill time per token",
+            "s",
+            L,
+            "Step time spent on prefill tokens (each step's duration times its prefill share) per prompt token run.",
+            _ratio_of(_keys("chunkpilot:prefill_seconds_total"), _keys(PREFILL_TOKENS)),
+            f"sum by (G) (rate(chunkpilot:prefill_seconds_total[{W}])) / "
+            f'sum by (G) (rate(chunkpilot:step_tokens_total{{kind="prefill"}}[{W}]))',
+        ),
+        _scrape(
+            "prefill_time_p99",
+            "Prefill time P99",
+            "s",
+            L,
+            "First scheduled to first token (the request's prefill, chunks and waits between them), 99th percentile.",
+            _quantile(0.99, PREFILL_TIME),
+            _hq(0.99, PREFILL_TIME),
+        ),
+        _scrape(
+            "prefill_time_mean",
+            "Prefill time mean",
+            "s",
+            L,
+            "First scheduled to first token, mean.",
+            _mean(PREFILL_TIME),
+            f"sum by (G) (rate({PREFILL_TIME}_sum[{W}])) / sum by (G) (rate({PREFILL_TIME}_count[{W}]))",
+        ),
+        # P50 and P95 beside every P99 of a latency histogram.
+        *[
+            _scrape(
+                f"{stem}_p{pct}",
+                f"{label} P{pct}",
+                "s",
+                L,
+                f"{description}, {word} percentile.",
+                _quantile(pct / 100, histogram),
+                _hq(pct / 100, histogram),
+            )
+            for stem, label, description, histogram in (
+                ("ttft", "TTFT", "Arrival to first token", TTFT),
+                ("itl", "ITL", "Time between consecutive tokens over all gaps", ITL),
+                ("stall", "Stalls", "Each finished request's largest gap between two tokens, over requests", MAX_GAP),
+                ("tpot", "TPOT", "Per request, decode time per output token", TPOT),
+                ("queue_time", "Queue time", "Arrival to first scheduled", QUEUE),
+                ("prefill_wait", "Prefill wait", "Per prefill chunk wait", CHUNK_WAIT),
+                ("prefill_time", "Prefill time", "First scheduled to first token", PREFILL_TIME),
+            )
+            for pct, word in ((50, "50th"), (95, "95th"))
+        ],
         # Exact, from the gateway's per-request log.
-        _requests("client_ttft_p99", "TTFT P99 (exact)", "s", L,
-                  "Time to first token as the gateway saw it, exact 99th percentile over successful requests.",
-                  _request_quantile(0.99, "ttft")),
-        _requests("client_ttft_p50", "TTFT P50 (exact)", "s", L, "Exact median time to first token.",
-                  _request_quantile(0.5, "ttft")),
-        _requests("client_tpot_p99", "TPOT P99 (exact)", "s", L, "Exact 99th percentile of time per output token.",
-                  _request_quantile(0.99, "tpot")),
-        _requests("client_stall_p99", "Stalls P99 (exact)", "s", L,
-                  "Exact 99th percentile over requests of each one's largest gap between tokens.",
-                  _request_quantile(0.99, "max_gap")),
-        _requests("client_e2e_p99", "End-to-end P99 (exact)", "s", L, "Exact 99th percentile of request latency.",
-                  _request_quantile(0.99, "e2e")),
-        _requests("client_requests_per_second", "Requests/s (gateway)", "requests/s", H,
-                  "Requests the gateway finished, per second, errors included.", _request_count_rate("all")),
-        _requests("goodput", "Goodput", "requests/s", H,
-                  "Requests per second that succeeded and met both the TTFT and the TPOT objective.",
-                  _request_count_rate("good")),
-        _requests("goodput_ratio", "Within objectives", "ratio", H,
-                  "The share of requests that succeeded and met both objectives.", _request_fraction("good")),
-        _requests("error_rate", "Error rate", "ratio", L,
-                  "Requests the service failed (5xx, 429 overload, a stream broken mid-way) over all requests; "
-                  "other 4xx are the client's doing and count as neither.",
-                  _request_fraction("errors")),
-        _requests("request_count", "Requests", "requests", H, "Requests in the window (the sample size).",
-                  _request_count),
+        _requests(
+            "client_ttft_p99",
+            "TTFT P99 (exact)",
+            "s",
+            L,
+            "Time to first token as the gateway saw it, exact 99th percentile over successful requests.",
+            _request_quantile(0.99, "ttft"),
+        ),
+        _requests(
+            "client_ttft_p50",
+            "TTFT P50 (exact)",
+            "s",
+            L,
+            "Exact median time to first token.",
+            _request_quantile(0.5, "ttft"),
+        ),
+        _requests(
+            "client_tpot_p99",
+            "TPOT P99 (exact)",
+            "s",
+            L,
+            "Exact 99th percentile of time per output token.",
+            _request_quantile(0.99, "tpot"),
+        ),
+        _requests(
+            "client_stall_p99",
+            "Stalls P99 (exact)",
+            "s",
+            L,
+            "Exact 99th percentile over requests of each one's largest gap between tokens.",
+            _request_quantile(0.99, "max_gap"),
+        ),
+        _requests(
+            "client_e2e_p99",
+            "End-to-end P99 (exact)",
+            "s",
+            L,
+            "Exact 99th percentile of request latency.",
+            _request_quantile(0.99, "e2e"),
+        ),
+        # P50 and P95 beside every exact P99 (client_ttft_p50 above).
+        *[
+            _requests(
+                f"client_{stem}_p{pct}",
+                f"{label} P{pct} (exact)",
+                "s",
+                L,
+                f"Exact {word} percentile of {what}.",
+                _request_quantile(pct / 100, column),
+            )
+            for stem, label, what, column in (
+                ("ttft", "TTFT", "time to first token", "ttft"),
+                ("tpot", "TPOT", "time per output token", "tpot"),
+                ("stall", "Stalls", "each request's largest gap between tokens", "max_gap"),
+                ("e2e", "End-to-end", "request latency", "e2e"),
+            )
+            for pct, word in ((50, "50th"), (95, "95th"))
+            if (stem, pct) != ("ttft", 50)
+        ],
+        _requests(
+            "client_requests_per_second",
+            "Requests/s (gateway)",
+            "requests/s",
+            H,
+            "Requests the gateway finished, per second, errors included.",
+            _request_count_rate("all"),
+        ),
+        _requests(
+            "goodput",
+            "Goodput",
+            "requests/s",
+            H,
+            "Requests per second that succeeded and met both the TTFT and the TPOT objective.",
+            _request_count_rate("good"),
+        ),
+        _requests(
+            "goodput_ratio",
+            "Within objectives",
+            "ratio",
+            H,
+            "The share of requests that succeeded and met both objectives.",
+            _request_fraction("good"),
+        ),
+        _requests(
+            "error_rate",
+            "Error rate",
+            "ratio",
+            L,
+            "Requests the service failed (5xx, 429 overload, a stream broken mid-way) over all requests; "
+            "other 4xx are the client's doing and count as neither.",
+            _request_fraction("errors"),
+        ),
+        _requests(
+            "request_count", "Requests", "requests", H, "Requests in the window (the sample size).", _request_count
+        ),
+        _requests(
+            "timed_out_streams",
+            "Timed-out streams",
+            "streams",
+            L,
+            "Streams the gateway ended because their worker sent no token for "
+            "GATEWAY_STREAM_IDLE_TIMEOUT_SECONDS (logged as 598). The rollout analysis adds the streams "
+            "silent right now (hung_streams check).",
+            _timed_out_count,
+        ),
     ]
 }
 
-# The four figures that decide whether chunked prefill is tuned right (DESIGN.md).
+# Scraped figures the workers also export per prompt-length bucket
+# (workers/server/metrics.py:BY_PROMPT_HISTOGRAMS): those may be grouped by length_bucket.
+_BY_PROMPT = {
+    "ttft": "chunkpilot:time_to_first_token_by_prompt_seconds",
+    "stall": "chunkpilot:request_max_gap_by_prompt_seconds",
+    "prefill_time": "chunkpilot:request_prefill_time_by_prompt_seconds",
+}
+for _stem, _histogram in _BY_PROMPT.items():
+    for _pct in (50, 95, 99):
+        _name = f"{_stem}_p{_pct}"
+        FIGURES[_name] = replace(FIGURES[_name], by_prompt=(_histogram, _pct / 100))
+
+# The four figures that decide whether chunked prefill is tuned right (docs/architecture.md, "Metrics").
 PANEL_FIGURES: tuple[str, ...] = ("ttft_p99", "memory_peak_to_mean", "prefill_wait_p99", "kv_fragmentation")
 BESIDE_FIGURES: tuple[str, ...] = (
-    "prefill_wait_mean", "itl_p99", "stall_p99", "tpot_p99", "queue_time_p99", "prefill_tokens_per_step",
-    "decode_tokens_per_step", "preemptions_per_second", "prefix_cache_hit_rate", "output_tokens_per_second",
+    "prefill_wait_mean",
+    "itl_p99",
+    "stall_p99",
+    "tpot_p99",
+    "queue_time_p99",
+    "prefill_tokens_per_step",
+    "decode_tokens_per_step",
+    "preemptions_per_second",
+    "prefix_cache_hit_rate",
+    "output_tokens_per_second",
 )
 LENGTH_TABLE_FIGURES: tuple[str, ...] = (
-    "request_count", "client_ttft_p50", "client_ttft_p99", "client_tpot_p99", "client_stall_p99",
-    "client_e2e_p99", "goodput_ratio", "error_rate",
+    "request_count",
+    "client_ttft_p50",
+    "client_ttft_p95",
+    "client_ttft_p99",
+    "client_tpot_p99",
+    "client_stall_p99",
+    "client_e2e_p99",
+    "goodput_ratio",
+    "error_rate",
 )
 
 GROUP_BY_SCRAPE = ("fleet", "worker", "pool", "cohort")
@@ -505,4 +875,6 @@ def get(name: str) -> Figure:
 
 
 def group_by_choices(figure: Figure) -> tuple[str, ...]:
-    return GROUP_BY_REQUESTS if figure.source == "requests" else GROUP_BY_SCRAPE
+    if figure.source == "requests":
+        return GROUP_BY_REQUESTS
+    return (*GROUP_BY_SCRAPE, "length_bucket") if figure.by_prompt is not None else GROUP_BY_SCRAPE

@@ -33,6 +33,7 @@ import numpy as np
 from django.db import models, transaction
 from django.utils import timezone
 
+from controlplane import audit
 from controlplane.metrics.catalogue import Layout
 from controlplane.metrics.promql import Floats
 
@@ -83,7 +84,9 @@ class Target(models.Model):
     )
     worker_name = models.CharField(max_length=100)
     pool_name = models.CharField(max_length=100, blank=True)
-    cohort = models.CharField(max_length=32, blank=True, help_text="the pool's role in the routing table; blank: unrouted")
+    cohort = models.CharField(
+        max_length=32, blank=True, help_text="the pool's role in the routing table; blank: unrouted"
+    )
     layout = models.ForeignKey(SeriesLayout, on_delete=models.PROTECT, related_name="+")
     first_at = models.DateTimeField()
     last_at = models.DateTimeField(db_index=True)
@@ -199,8 +202,6 @@ class ServiceObjectives(models.Model):
 
     def change(self, ttft_seconds: float, tpot_seconds: float, *, actor: Any, now: datetime | None = None) -> None:
         """Set both objectives, with the audit row in the same transaction."""
-        from controlplane import audit
-
         now = now or timezone.now()
         with transaction.atomic():
             before = self.as_dict()
@@ -223,7 +224,8 @@ def purge_expired(now: datetime, *, batch_size: int = 5000) -> dict[str, int]:
             while True:
                 ids = list(
                     model.objects.filter(target_id=target_id, **{f"{field}__lt": cutoff})
-                    .order_by(field).values_list("pk", flat=True)[:batch_size]
+                    .order_by(field)
+                    .values_list("pk", flat=True)[:batch_size]
                 )
                 if not ids:
                     break

@@ -101,9 +101,7 @@ def extrapolated_increase(
         # Counters cannot go below zero: do not extrapolate back past the
         # point where the line through the samples would cross zero.
         with np.errstate(divide="ignore", invalid="ignore"):
-            to_zero = np.where(
-                (increases > 0) & (first_values >= 0), sampled * (first_values / increases), to_start
-            )
+            to_zero = np.where((increases > 0) & (first_values >= 0), sampled * (first_values / increases), to_start)
         to_start_each = np.minimum(to_start_each, to_zero)
     result = increases * ((sampled + to_start_each + to_end) / sampled)
     return float(result) if result.ndim == 0 else result
@@ -261,15 +259,25 @@ def range_windows(
         i0, i1 = first[ok], last[ok]
         first_values = totals[i0] - (raw_offsets[i0] if raw_offsets is not None else 0.0)
         increases[ok] = _extrapolate(
-            times[i0], times[i1], num_samples[ok], first_values, totals[i1] - totals[i0],
-            points[ok] - range_seconds, points[ok],
+            times[i0],
+            times[i1],
+            num_samples[ok],
+            first_values,
+            totals[i1] - totals[i0],
+            points[ok] - range_seconds,
+            points[ok],
         )
     return Windows(points, range_seconds, increases, first_index, last_index)
 
 
 def _extrapolate(
-    first_t: Floats, last_t: Floats, num_samples: NDArray[np.intp], first_values: Floats, increases: Floats,
-    range_start: Floats, range_end: Floats,
+    first_t: Floats,
+    last_t: Floats,
+    num_samples: NDArray[np.intp],
+    first_values: Floats,
+    increases: Floats,
+    range_start: Floats,
+    range_end: Floats,
 ) -> Floats:
     """``extrapolated_increase`` for counters, one row per range."""
     sampled = (last_t - first_t)[:, None]

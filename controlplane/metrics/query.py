@@ -21,6 +21,18 @@ How data is read (see models.py for the row format):
 * a time series: every minute rollup of the range (60 per target per hour),
   windows evaluated at each point with the same arithmetic.
 * request-log figures read the gateway's log rows of the window.
+
+All of the above is the database backend. With ``METRICS_BACKEND=prometheus``
+scraped figures come from Prometheus instead (``backends.py``: each figure's
+registry PromQL, compiled as the shipped rules are); request-log figures
+stay here. A backend that does not answer raises ``BackendUnavailable``.
+
+Beside ``query``/``query_range``, the pieces a batched reader builds on are
+public too (``reader.Reader`` is one: it answers many queries of one cycle,
+reading each window once): ``check_window`` (a window's bounds, or
+QueryError), ``point_windows`` (every target's inputs over one window, shared
+within ``shared_reads()``), ``group_of`` (a target's group) and ``Epoch`` (a
+timestamp column as epoch seconds, computed by the database).
 """
 
 from __future__ import annotations
@@ -38,7 +50,13 @@ import numpy as np
 from django.db.models import FloatField, Func, Max, OuterRef, Q, QuerySet, Subquery
 from django.utils import timezone
 
-from controlplane.metrics import catalogue, figures, promql
+from controlplane.gateway import bus
+from controlplane.gateway.inflight import STATUS_STREAM_TIMED_OUT
+from controlplane.gateway.models import RequestLog
+from controlplane.metrics import backends, catalogue, figures, promql
+from controlplane.metrics.backends import (
+    BackendUnavailable as BackendUnavailable,  # the query layer's too
+)
 from controlplane.metrics.figures import Figure, Objectives, RequestRows, TargetWindows
 from controlplane.metrics.models import (
     RAW_RETENTION,
@@ -92,8 +110,12 @@ def check_group_by(figure: Figure, group_by: str | None) -> str:
     choices = figures.group_by_choices(figure)
     if group_by not in choices:
         if group_by == "length_bucket":
-            raise QueryError("group_by", f"{figure.name} comes from scraped histograms, which do not know "
-                                         "prompt lengths; use a client_* figure for length buckets")
+            raise QueryError(
+                "group_by",
+                f"{figure.name} comes from scraped histograms the workers do not label "
+                "by prompt length; use a client_* figure (or ttft_*, stall_*, "
+                "prefill_time_*) for length buckets",
+            )
         raise QueryError("group_by", f"one of {', '.join(choices)}")
     return group_by
 
@@ -106,6 +128,9 @@ def check_selector(selector: Mapping[str, str] | None) -> dict[str, str]:
     return selector
 
 
+MAX_DURATION_SECONDS = 100 * 365 * 86400  # far past any retention; keeps `end - range` a valid datetime
+
+
 def parse_duration(text: str, field: str = "window") -> float:
     """``300``, ``30s``, ``5m``, ``1h``, ``2d`` → seconds."""
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -116,6 +141,8 @@ def parse_duration(text: str, field: str = "window") -> float:
         raise QueryError(field, f"{text!r} is not a duration (e.g. 30s, 5m, 1h, 7d)") from None
     if not math.isfinite(seconds) or seconds <= 0:
         raise QueryError(field, "must be a positive duration")
+    if seconds > MAX_DURATION_SECONDS:
+        raise QueryError(field, "at most 100 years")
     return seconds
 
 
@@ -149,7 +176,7 @@ def query_many(
 ) -> dict[str, dict[str, float | None]]:
     """Several figures over one window, reading the stored data once."""
     now = now or timezone.now()
-    window = _check_window(window_seconds)
+    window = check_window(window_seconds)
     points = np.array([now.timestamp()])
     return {
         name: {group: values[0] for group, values in series.items()}
@@ -170,8 +197,16 @@ def query_range(
 ) -> RangeResult:
     """The figure at ``end``, ``end - step``, ... back to ``start``, each over
     the window ending there."""
-    return query_range_many([figure], window_seconds, group_by, selector, start=start, end=end,
-                            step_seconds=step_seconds, objectives=objectives)[figure]
+    return query_range_many(
+        [figure],
+        window_seconds,
+        group_by,
+        selector,
+        start=start,
+        end=end,
+        step_seconds=step_seconds,
+        objectives=objectives,
+    )[figure]
 
 
 def query_range_many(
@@ -185,7 +220,7 @@ def query_range_many(
     step_seconds: float,
     objectives: Objectives | None = None,
 ) -> dict[str, RangeResult]:
-    window = _check_window(window_seconds)
+    window = check_window(window_seconds)
     if step_seconds <= 0 or not math.isfinite(step_seconds):
         raise QueryError("step", "must be a positive duration")
     span = (end - start).total_seconds()
@@ -213,7 +248,8 @@ def group_of(labels: Mapping[str, str], group_by: str) -> str:
 # ---- evaluation ------------------------------------------------------------------
 
 
-def _check_window(window_seconds: float) -> float:
+def check_window(window_seconds: float) -> float:
+    """The window in seconds, or QueryError: positive, and within rollup retention."""
     if not (isinstance(window_seconds, (int, float)) and math.isfinite(window_seconds) and window_seconds > 0):
         raise QueryError("window", "must be a positive duration")
     if window_seconds > 14 * 86400:
@@ -238,18 +274,9 @@ def _evaluate(
 
     scrape = [f for f in chosen if f.source == "scrape"]
     if scrape:
-        needs_peak = any(f.needs_peak_memory for f in scrape)
-        by = group_by_checked[scrape[0].name]
-        if not dense:
-            parts = [(points, _point_windows(points, window, selector, needs_peak))]
-        elif _dt(float(points[-1]) - window) >= timezone.now() - RAW_RETENTION + _RAW_MARGIN:
-            # The newest point from raw scrapes: the current minute's rollup is
-            # partial, and the live point must equal what the query API says.
-            parts = [(points[:-1], _dense_windows(points[:-1], window, selector, needs_peak) if len(points) > 1 else []),
-                     (points[-1:], _point_windows(points[-1:], window, selector, needs_peak))]
-        else:
-            parts = [(points, _dense_windows(points, window, selector, needs_peak))]
-        out.update(_join_parts(scrape, parts, by))
+        out.update(
+            backend().scrape_figures(scrape, window, group_by_checked[scrape[0].name], selector, points, dense=dense)
+        )
 
     requests = [f for f in chosen if f.source == "requests"]
     if requests:
@@ -257,9 +284,37 @@ def _evaluate(
         rows_by_group = _request_rows(points, window, selector, group_by_checked[requests[0].name])
         for f in requests:
             out[f.name] = {
-                g: _clean(f.from_requests(rows, points, window, objectives)) for g, rows in sorted(rows_by_group.items())
+                g: _clean(f.from_requests(rows, points, window, objectives))
+                for g, rows in sorted(rows_by_group.items())
             }
     return out
+
+
+def _scrape_from_database(
+    scrape: Sequence[Figure], window: float, by: str, selector: Mapping[str, str], points: Floats, dense: bool
+) -> dict[str, dict[str, list[float | None]]]:
+    """The database backend: scraped figures from the control plane's own snapshots and rollups."""
+    needs_peak = any(f.needs_peak_memory for f in scrape)
+    if not dense:
+        parts = [(points, point_windows(points, window, selector, needs_peak))]
+    elif _dt(float(points[-1]) - window) >= timezone.now() - RAW_RETENTION + _RAW_MARGIN:
+        # The newest point from raw scrapes: the current minute's rollup is
+        # partial, and the live point must equal what the query API says.
+        parts = [
+            (points[:-1], _dense_windows(points[:-1], window, selector, needs_peak) if len(points) > 1 else []),
+            (points[-1:], point_windows(points[-1:], window, selector, needs_peak)),
+        ]
+    else:
+        parts = [(points, _dense_windows(points, window, selector, needs_peak))]
+    return _join_parts(scrape, parts, by)
+
+
+DATABASE = backends.Database(_scrape_from_database)
+
+
+def backend() -> backends.Backend:
+    """The backend scraped figures come from (``METRICS_BACKEND``)."""
+    return backends.current(DATABASE)
 
 
 def _join_parts(
@@ -267,6 +322,8 @@ def _join_parts(
 ) -> dict[str, dict[str, list[float | None]]]:
     """Each figure per group over consecutive runs of points, each run with
     its own loaded windows; a group absent from a run has no data there."""
+    if group_by == "length_bucket":
+        return _join_by_prompt(chosen, parts)
     pieces: list[dict[str, figures.Group]] = []
     for part_points, loaded in parts:
         grouped: dict[str, list[TargetWindows]] = defaultdict(list)
@@ -287,13 +344,30 @@ def _join_parts(
     return out
 
 
+def _join_by_prompt(
+    chosen: Sequence[Figure], parts: Sequence[tuple[Floats, list[TargetWindows]]]
+) -> dict[str, dict[str, list[float | None]]]:
+    """Scraped figures per prompt-length bucket: every target in one group,
+    read through each bucket's histogram (a bucket without data is absent)."""
+    groups = [figures.Group(loaded, len(part_points)) for part_points, loaded in parts]
+    out: dict[str, dict[str, list[float | None]]] = {}
+    for f in chosen:
+        by_bucket = {
+            label: [value for group in groups for value in _clean(f.from_group_by_prompt(group, label))]
+            for label in catalogue.LENGTH_BUCKET_LABELS
+        }
+        out[f.name] = {label: values for label, values in by_bucket.items() if any(v is not None for v in values)}
+    return out
+
+
 def _clean(values: Floats) -> list[float | None]:
     return [None if not math.isfinite(v) else float(v) for v in values]
 
 
 def _targets(start: float, end: float, selector: Mapping[str, str]) -> list[Target]:
-    filters = {f"{'worker_name' if k == 'worker' else k + '_name' if k == 'pool' else k}": v
-               for k, v in selector.items()}
+    filters = {
+        f"{'worker_name' if k == 'worker' else k + '_name' if k == 'pool' else k}": v for k, v in selector.items()
+    }
     return list(
         Target.objects.filter(last_at__gt=_dt(start), first_at__lte=_dt(end), **filters).only(
             "id", "worker_name", "pool_name", "cohort", "layout_id"
@@ -301,7 +375,7 @@ def _targets(start: float, end: float, selector: Mapping[str, str]) -> list[Targ
     )
 
 
-class _Epoch(Func):
+class Epoch(Func):
     """A timestamp as epoch seconds, computed by the database: parsing
     thousands of timestamps in Python costs more than the query."""
 
@@ -309,7 +383,9 @@ class _Epoch(Func):
     output_field = FloatField()
 
     def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> Any:
-        return self.as_sql(compiler, connection, template="((julianday(%(expressions)s) - 2440587.5) * 86400.0)", **extra)
+        return self.as_sql(
+            compiler, connection, template="((julianday(%(expressions)s) - 2440587.5) * 86400.0)", **extra
+        )
 
 
 def _dt(seconds: float) -> datetime:
@@ -355,7 +431,10 @@ def shared_reads() -> Iterator[None]:
         _shared.reset(token)
 
 
-def _point_windows(points: Floats, window: float, selector: Mapping[str, str], needs_peak: bool) -> list[TargetWindows]:
+def point_windows(points: Floats, window: float, selector: Mapping[str, str], needs_peak: bool) -> list[TargetWindows]:
+    """Each target's inputs over ``window`` ending at ``points[-1]`` (one point),
+    for the targets that ``selector`` picks ({} for every one). Read once per
+    window and selector inside ``shared_reads()``."""
     memo = _shared.get()
     if memo is None:
         return _read_point_windows(points, window, selector, needs_peak)
@@ -385,16 +464,23 @@ def _read_point_windows(
         time_field = "ts"
     else:
         inside = Rollup.objects.filter(
-            target=OuterRef("pk"), minute__gte=minute_of(_dt(start)), minute__lte=_dt(end),
-            last_ts__gt=_dt(start), last_ts__lte=_dt(end),
+            target=OuterRef("pk"),
+            minute__gte=minute_of(_dt(start)),
+            minute__lte=_dt(end),
+            last_ts__gt=_dt(start),
+            last_ts__lte=_dt(end),
         )
         model = Rollup
         time_field = "last_ts"
     order = "ts" if raw else "minute"
-    ends = Target.objects.filter(pk__in=ids).annotate(
-        first_id=Subquery(inside.order_by(order).values("pk")[:1]),
-        last_id=Subquery(inside.order_by(f"-{order}").values("pk")[:1]),
-    ).values_list("pk", "first_id", "last_id")
+    ends = (
+        Target.objects.filter(pk__in=ids)
+        .annotate(
+            first_id=Subquery(inside.order_by(order).values("pk")[:1]),
+            last_id=Subquery(inside.order_by(f"-{order}").values("pk")[:1]),
+        )
+        .values_list("pk", "first_id", "last_id")
+    )
     wanted = {row_id for _, a, b in ends for row_id in (a, b) if row_id is not None}
     rows = {
         pk: (ts.timestamp(), seq, values)
@@ -418,7 +504,9 @@ def _read_point_windows(
                 increases[0] = promql.extrapolated_increase(window_summary, start, end)
         peak_value = peaks.get(target_id)
         out.append(
-            TargetWindows(t.labels(), layout, increases, np.array([np.nan if peak_value is None else peak_value]), window)
+            TargetWindows(
+                t.labels(), layout, increases, np.array([np.nan if peak_value is None else peak_value]), window
+            )
         )
     return out
 
@@ -439,20 +527,26 @@ def _peak_memory(ids: list[int], start: float, end: float, raw: bool) -> dict[in
     if not raw:
         merge(
             Rollup.objects.filter(target_id__in=ids, minute__gte=minute_of(start_dt), minute__lte=end_dt)
-            .values("target_id").annotate(m=Max("peak_memory_bytes")).values_list("target_id", "m")
+            .values("target_id")
+            .annotate(m=Max("peak_memory_bytes"))
+            .values_list("target_id", "m")
         )
         return peaks
     if first_whole < last_whole_end:
         merge(
             Rollup.objects.filter(target_id__in=ids, minute__gte=first_whole, minute__lt=last_whole_end)
-            .values("target_id").annotate(m=Max("peak_memory_bytes")).values_list("target_id", "m")
+            .values("target_id")
+            .annotate(m=Max("peak_memory_bytes"))
+            .values_list("target_id", "m")
         )
         edges = Q(ts__gt=start_dt, ts__lt=first_whole) | Q(ts__gte=last_whole_end, ts__lte=end_dt)
     else:
         edges = Q(ts__gt=start_dt, ts__lte=end_dt)
     merge(
         Snapshot.objects.filter(edges, target_id__in=ids)
-        .values("target_id").annotate(m=Max("peak_memory_bytes")).values_list("target_id", "m")
+        .values("target_id")
+        .annotate(m=Max("peak_memory_bytes"))
+        .values_list("target_id", "m")
     )
     return peaks
 
@@ -467,7 +561,7 @@ def _dense_windows(points: Floats, window: float, selector: Mapping[str, str], n
     rows: dict[int, list[tuple[float, float | None, bytes | memoryview]]] = defaultdict(list)
     for target_id, last_ts, peak, blob in (
         Rollup.objects.filter(target_id__in=list(by_id), minute__gte=minute_of(_dt(start)), minute__lte=_dt(end))
-        .annotate(t=_Epoch("last_ts"))
+        .annotate(t=Epoch("last_ts"))
         .order_by("target_id", "minute")
         .values_list("target_id", "t", "peak_memory_bytes", "values")
     ):
@@ -491,17 +585,24 @@ def _dense_windows(points: Floats, window: float, selector: Mapping[str, str], n
 # ---- the gateway's request log -----------------------------------------------------------
 
 
-def _request_rows(
-    points: Floats, window: float, selector: Mapping[str, str], group_by: str
-) -> dict[str, RequestRows]:
-    from controlplane.gateway.models import RequestLog
-
+def _request_rows(points: Floats, window: float, selector: Mapping[str, str], group_by: str) -> dict[str, RequestRows]:
     start, end = float(points[0]) - window, float(points[-1])
     qs = RequestLog.objects.filter(created_at__gt=_dt(start), created_at__lte=_dt(end))
     for key, value in selector.items():
         qs = qs.filter(**{"worker__name" if key == "worker" else "pool__name" if key == "pool" else "cohort": value})
-    columns = ["created_at", "status", "error", "ttft_seconds", "tpot_seconds", "max_gap_seconds", "e2e_seconds",
-               "prompt_tokens", "worker__name", "pool__name", "cohort"]
+    columns = [
+        "created_at",
+        "status",
+        "error",
+        "ttft_seconds",
+        "tpot_seconds",
+        "max_gap_seconds",
+        "e2e_seconds",
+        "prompt_tokens",
+        "worker__name",
+        "pool__name",
+        "cohort",
+    ]
     raw = list(qs.order_by("created_at").values_list(*columns))
     if not raw and group_by != FLEET:
         return {}
@@ -519,12 +620,20 @@ def _request_rows(
     def floats(index: int) -> Floats:
         return np.array([np.nan if r[index] is None else r[index] for r in raw], dtype=np.float64)
 
-    all_rows = RequestRows(
-        created=np.array([r[0].timestamp() for r in raw], dtype=np.float64),
-        ok=np.array([is_ok(r[1], r[2]) for r in raw], dtype=bool),
-        failed=np.array([is_failed(r[1], r[2]) for r in raw], dtype=bool),
-        ttft=floats(3), tpot=floats(4), max_gap=floats(5), e2e=floats(6),
-    ) if raw else RequestRows.empty()
+    all_rows = (
+        RequestRows(
+            created=np.array([r[0].timestamp() for r in raw], dtype=np.float64),
+            ok=np.array([is_ok(r[1], r[2]) for r in raw], dtype=bool),
+            failed=np.array([is_failed(r[1], r[2]) for r in raw], dtype=bool),
+            ttft=floats(3),
+            tpot=floats(4),
+            max_gap=floats(5),
+            e2e=floats(6),
+            timed_out=np.array([r[1] == STATUS_STREAM_TIMED_OUT for r in raw], dtype=bool),
+        )
+        if raw
+        else RequestRows.empty()
+    )
     out = {}
     for key, indices in groups.items():
         mask = np.zeros(len(raw), dtype=bool)
@@ -544,3 +653,12 @@ def is_failed(status: int, error: str) -> bool:
     """The service's failure: 5xx, 429 (overload), or a 200 whose stream broke.
     Other 4xx (bad input, the client went away) are the client's doing."""
     return status >= 500 or status == 429 or (status == 200 and bool(error))
+
+
+def silent_streams_by_pool() -> dict[str, int]:
+    """Streams in flight silent past GATEWAY_STREAM_SILENCE_SECONDS, over every
+    live gateway, by pool name: what finished-request figures cannot see."""
+    out: dict[str, int] = {}
+    for item in bus.silent_streams():
+        out[item["pool"]] = out.get(item["pool"], 0) + int(item["streams"])
+    return out

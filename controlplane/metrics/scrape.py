@@ -11,7 +11,12 @@ Prometheus stamps a target's samples with its scrape's start):
    vector into its target's running totals, write the snapshot, upsert the
    minute rollup, record resets and every worker's scrape status (a worker
    that did not answer is marked down with why).
-4. Tell the dashboards, after commit: one ``group_send`` per group.
+4. Tell the metric pages, after commit: ``live.Event.METRICS_SCRAPED``, to the
+   fleet-wide group and each scraped worker's.
+
+With ``METRICS_BACKEND=prometheus`` there is no round: Prometheus scrapes the
+workers, and beat's tick only tells the pages (``announce_figures``), so they
+re-read their figures from it on the same cadence.
 
 Safe to run twice at once: a target refuses a sample not newer than its last.
 """
@@ -30,12 +35,14 @@ from typing import Any, TypeVar
 
 import httpx
 import numpy as np
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from controlplane.conf import setting
-from controlplane.metrics import catalogue, live
+from controlplane import live
+from controlplane.fleet.health import WorkerState
+from controlplane.fleet.models import Worker
+from controlplane.gateway.models import RoutingPool
+from controlplane.metrics import catalogue, conf
 from controlplane.metrics.models import (
     CounterReset,
     Rollup,
@@ -56,8 +63,10 @@ T = TypeVar("T")
 
 
 def scrape_timeout_seconds() -> float:
-    interval = float(settings.SCRAPE_INTERVAL)
-    return float(setting("SCRAPE_TIMEOUT_SECONDS", 0.0) or max(0.5, min(interval * 0.8, 10.0)))
+    """SCRAPE_TIMEOUT_SECONDS, else 0.8 of the interval within 0.5–10 s: a round
+    ends before the next is due, and one slow worker cannot hold the rest long."""
+    interval = conf.SCRAPE_INTERVAL.get()
+    return conf.SCRAPE_TIMEOUT_SECONDS.get() or max(0.5, min(interval * 0.8, 10.0))
 
 
 @dataclass(frozen=True)
@@ -97,7 +106,7 @@ async def fetch_all(jobs: Sequence[Job], timeout_seconds: float) -> list[Fetched
                 return Fetched(job, response.text, "", time.monotonic() - started)
             except TimeoutError:
                 return Fetched(job, None, f"timed out after {timeout_seconds:g}s", time.monotonic() - started)
-            except Exception as exc:  # any failure is this worker's, not the round's
+            except Exception as exc:  # noqa: BLE001 - any failure is this worker's, not the round's
                 message = str(exc) or type(exc).__name__
                 return Fetched(job, None, message[:300], time.monotonic() - started)
 
@@ -121,11 +130,10 @@ def _run(coroutine: Coroutine[Any, Any, T]) -> T:
 def jobs_for_fleet() -> list[Job]:
     """Every worker that should answer: ready, draining or applying a profile
     (its server stays up meanwhile). Lost workers are left to the health sweep."""
-    from controlplane.fleet.health import State
-    from controlplane.fleet.models import Worker
-
     cohorts = cohorts_by_pool()
-    workers = Worker.objects.filter(state__in=[State.READY, State.DRAINING, State.APPLYING]).select_related("pool")
+    workers = Worker.objects.filter(
+        state__in=[WorkerState.READY, WorkerState.DRAINING, WorkerState.APPLYING]
+    ).select_related("pool")
     return [
         Job(w.pk, w.name, w.url, w.pool.name if w.pool else "", cohorts.get(w.pool_id, "") if w.pool_id else "")
         for w in workers
@@ -134,8 +142,6 @@ def jobs_for_fleet() -> list[Job]:
 
 def cohorts_by_pool() -> dict[int, str]:
     """A pool's cohort is its role in the routing table (stable, canary, baseline)."""
-    from controlplane.gateway.models import RoutingPool
-
     out: dict[int, str] = {}
     for pool_id, role in RoutingPool.objects.order_by("table_id").values_list("pool_id", "role"):
         out.setdefault(pool_id, role)
@@ -154,15 +160,29 @@ def scrape_fleet(now: datetime | None = None, jobs: Sequence[Job] | None = None)
             continue
         try:
             parsed.append((f, catalogue.parse(f.text), ""))
-        except Exception as exc:  # a garbled page marks that worker down
+        except Exception as exc:  # noqa: BLE001 - a garbled page marks that worker down
             parsed.append((f, None, f"unparsable metrics: {exc}"[:300]))
     num_failed = record(now, parsed)
     scrape_round.finished_at = timezone.now()
     scrape_round.num_failed = num_failed
     scrape_round.save(update_fields=["finished_at", "num_failed"])
-    worker_ids = [f.job.worker_id for f in fetched]
-    transaction.on_commit(lambda: live.notify_scraped(now, worker_ids))
+    _announce(now, [f.job.worker_id for f in fetched])
     return scrape_round
+
+
+def announce_figures(now: datetime | None = None) -> list[int]:
+    """``METRICS_BACKEND=prometheus``: the control plane scrapes nothing, but
+    Prometheus has scraped meanwhile, so tell the metric pages what a round
+    would (the same event, to the fleet-wide group and each worker a round
+    would have scraped) and they re-render from Prometheus. The workers told."""
+    now = now or timezone.now()
+    worker_ids = [job.worker_id for job in jobs_for_fleet()]
+    _announce(now, worker_ids)
+    return worker_ids
+
+
+def _announce(now: datetime, worker_ids: list[int]) -> None:
+    live.publish(live.Event.METRICS_SCRAPED, scopes=worker_ids, at=now.timestamp(), worker_ids=worker_ids)
 
 
 # ---- 3. store -----------------------------------------------------------------------
@@ -174,8 +194,6 @@ def record(now: datetime, parsed: Sequence[tuple[Fetched, catalogue.Scrape | Non
     for _, scrape, _ in parsed:
         if scrape is not None and scrape.layout.digest not in layouts:
             layouts[scrape.layout.digest] = SeriesLayout.for_layout(scrape.layout)
-
-    from controlplane.fleet.models import Worker
 
     with transaction.atomic():
         # A worker deleted while we fetched is gone from the round.
@@ -202,7 +220,9 @@ def record(now: datetime, parsed: Sequence[tuple[Fetched, catalogue.Scrape | Non
             peak = _finite(scrape.values[layout.index[catalogue.PEAK_MEMORY]])
             target.num_samples += 1
             snapshots.append(
-                Snapshot(target=target, ts=now, seq=target.num_samples, peak_memory_bytes=peak, values=pack(folded.totals))
+                Snapshot(
+                    target=target, ts=now, seq=target.num_samples, peak_memory_bytes=peak, values=pack(folded.totals)
+                )
             )
             minute = minute_of(now)
             if target.rollup_minute != minute:
@@ -213,11 +233,17 @@ def record(now: datetime, parsed: Sequence[tuple[Fetched, catalogue.Scrape | Non
             else:
                 target.rollup_num_samples += 1
                 if peak is not None:
-                    target.rollup_peak_bytes = peak if target.rollup_peak_bytes is None else max(target.rollup_peak_bytes, peak)
+                    target.rollup_peak_bytes = (
+                        peak if target.rollup_peak_bytes is None else max(target.rollup_peak_bytes, peak)
+                    )
             rollups.append(
                 Rollup(
-                    target=target, minute=minute, last_ts=now, seq=target.num_rollups,
-                    num_samples=min(target.rollup_num_samples, 32767), peak_memory_bytes=target.rollup_peak_bytes,
+                    target=target,
+                    minute=minute,
+                    last_ts=now,
+                    seq=target.num_rollups,
+                    num_samples=min(target.rollup_num_samples, 32767),
+                    peak_memory_bytes=target.rollup_peak_bytes,
                     values=pack(folded.totals),
                 )
             )
@@ -227,14 +253,25 @@ def record(now: datetime, parsed: Sequence[tuple[Fetched, catalogue.Scrape | Non
             changed.append(target)
         Snapshot.objects.bulk_create(snapshots)
         Rollup.objects.bulk_create(
-            rollups, update_conflicts=True, unique_fields=["target", "minute"],
+            rollups,
+            update_conflicts=True,
+            unique_fields=["target", "minute"],
             update_fields=["last_ts", "num_samples", "peak_memory_bytes", "values"],
         )
         CounterReset.objects.bulk_create(resets)
         Target.objects.bulk_update(
             changed,
-            ["worker", "num_samples", "num_rollups", "rollup_minute", "rollup_peak_bytes", "rollup_num_samples",
-             "last_raw", "offsets", "last_at"],
+            [
+                "worker",
+                "num_samples",
+                "num_rollups",
+                "rollup_minute",
+                "rollup_peak_bytes",
+                "rollup_num_samples",
+                "last_raw",
+                "offsets",
+                "last_at",
+            ],
         )
         return _record_status(now, parsed)
 
@@ -246,6 +283,7 @@ def _finite(value: float) -> float | None:
 def _lock_targets(now: datetime, wanted: Sequence[tuple[Job, SeriesLayout]]) -> list[Target]:
     """The target of each (job, layout), created when new, row-locked in id order."""
     names = sorted({job.worker_name for job, _ in wanted})
+
     def identity(t: Target) -> tuple[str, str, str, int]:
         return (t.worker_name, t.pool_name, t.cohort, t.layout_id)
 
@@ -256,8 +294,15 @@ def _lock_targets(now: datetime, wanted: Sequence[tuple[Job, SeriesLayout]]) -> 
         if key not in existing:
             empty = pack(np.zeros(0))
             t = Target(
-                worker_id=job.worker_id, worker_name=job.worker_name, pool_name=job.pool_name, cohort=job.cohort,
-                layout=layout, first_at=now, last_at=now, last_raw=empty, offsets=empty,
+                worker_id=job.worker_id,
+                worker_name=job.worker_name,
+                pool_name=job.pool_name,
+                cohort=job.cohort,
+                layout=layout,
+                first_at=now,
+                last_at=now,
+                last_raw=empty,
+                offsets=empty,
             )
             existing[key] = t
             missing.append(t)
@@ -292,8 +337,16 @@ def _record_status(now: datetime, parsed: Sequence[tuple[Fetched, catalogue.Scra
             )
         )
     ScrapeStatus.objects.bulk_create(
-        rows, update_conflicts=True, unique_fields=["worker"],
-        update_fields=["up", "last_attempt_at", "last_success_at", "last_duration_seconds", "last_error",
-                       "num_consecutive_failures"],
+        rows,
+        update_conflicts=True,
+        unique_fields=["worker"],
+        update_fields=[
+            "up",
+            "last_attempt_at",
+            "last_success_at",
+            "last_duration_seconds",
+            "last_error",
+            "num_consecutive_failures",
+        ],
     )
     return num_failed

@@ -1,7 +1,10 @@
 """The scraper and retention on Celery beat.
 
 ``metrics.scrape`` runs every SCRAPE_INTERVAL; a round that is still queued
-when the next is due expires instead of piling up. ``metrics.purge`` drops
+when the next is due expires instead of piling up. With
+``METRICS_BACKEND=prometheus`` it scrapes nothing (Prometheus scrapes the
+workers) and only tells the live metric pages that figures may have moved, so
+they re-read them from Prometheus each SCRAPE_INTERVAL. ``metrics.purge`` drops
 raw snapshots after 24 h and rollups after 14 days, once a minute.
 """
 
@@ -9,32 +12,34 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
 from django.utils import timezone
 
 from controlplane.celery import app
+from controlplane.metrics import backends, conf
+from controlplane.metrics.models import purge_expired
+from controlplane.metrics.scrape import announce_figures, scrape_fleet
 
 PURGE_INTERVAL_SECONDS = 60.0
 
 
 @app.task(name="metrics.scrape")
 def scrape() -> dict[str, int]:
-    from controlplane.metrics.scrape import scrape_fleet
-
+    if not backends.scrapes():
+        # METRICS_BACKEND=prometheus: Prometheus scrapes the workers; the pages still re-render on this beat.
+        announce_figures()
+        return {"targets": 0, "failed": 0}
     scrape_round = scrape_fleet()
     return {"targets": scrape_round.num_targets, "failed": scrape_round.num_failed}
 
 
 @app.task(name="metrics.purge")
 def purge() -> dict[str, int]:
-    from controlplane.metrics.models import purge_expired
-
     return purge_expired(timezone.now())
 
 
 @app.on_after_finalize.connect
 def schedule(sender: Any, **kwargs: Any) -> None:
     sender.add_periodic_task(
-        settings.SCRAPE_INTERVAL, scrape.s(), name="metrics scrape", expires=settings.SCRAPE_INTERVAL
+        conf.SCRAPE_INTERVAL.get(), scrape.s(), name="metrics scrape", expires=conf.SCRAPE_INTERVAL.get()
     )
     sender.add_periodic_task(PURGE_INTERVAL_SECONDS, purge.s(), name="metrics purge", expires=PURGE_INTERVAL_SECONDS)

@@ -10,7 +10,7 @@ class RevisionInline(admin.TabularInline):
     extra = 0
     can_delete = False
 
-    def has_add_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+    def has_add_permission(self, request, obj=None):
         return False
 
 
@@ -30,8 +30,8 @@ class ProfileRevisionAdmin(admin.ModelAdmin):
     search_fields = ["profile__name", "comment"]
     readonly_fields = ["profile", "revision", "fields", "author", "created", "comment"]
 
-    def has_add_permission(self, request):  # type: ignore[no-untyped-def]
+    def has_add_permission(self, request):
         return False
 
-    def has_change_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+    def has_change_permission(self, request, obj=None):
         return False

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import transaction
 from django.db.models import Count, QuerySet
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
@@ -24,12 +23,18 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from controlplane.audit.api import AuditedModelViewSet
+from controlplane.accounts.inputs import (
+    StrictModelSerializer,
+    StrictSerializer,
+    query_id_or_name,
+    query_int,
+)
+from controlplane.audit.api import AuditedModelViewSet, AuditedSerializer
 from controlplane.profiles.models import Profile, ProfileRevision, diff_revisions
-from workers.profile import EngineProfile, profile_errors
+from workers.profile import profile_errors
 
 
-class RevisionSerializer(serializers.ModelSerializer):
+class RevisionSerializer(StrictModelSerializer):
     profile_name = serializers.CharField(source="profile.name", read_only=True)
     author = serializers.CharField(source="author.username", read_only=True, allow_null=True, default=None)
     fields = serializers.DictField(read_only=True, help_text="every knob of the engine contract")
@@ -40,33 +45,41 @@ class RevisionSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class FieldChangeSerializer(serializers.Serializer):
+class FieldChangeSerializer(StrictSerializer):
     field = serializers.CharField()
     before = serializers.JSONField(allow_null=True)
     after = serializers.JSONField(allow_null=True)
 
 
-class DiffSerializer(serializers.Serializer):
+class DiffSerializer(StrictSerializer):
     before = RevisionSerializer()
     after = RevisionSerializer()
     changes = FieldChangeSerializer(many=True)
 
 
-class ProfileSerializer(serializers.ModelSerializer):
+class ProfileSerializer(AuditedSerializer):
     fields = serializers.DictField(
         write_only=True,
         required=False,
-        help_text="engine profile knobs; on create and PUT missing knobs take defaults, on PATCH they keep the latest revision's",
+        help_text="engine profile knobs; on create and PUT missing knobs take defaults, on PATCH they keep the "
+        "latest revision's",
     )
     comment = serializers.CharField(write_only=True, required=False, allow_blank=True, max_length=500)
     latest_revision = serializers.SerializerMethodField()
-    num_revisions = serializers.IntegerField(read_only=True)
+    num_revisions = serializers.SerializerMethodField()
 
     class Meta:
         model = Profile
         fields = [
-            "id", "name", "engine_kind", "description", "created",
-            "fields", "comment", "latest_revision", "num_revisions",
+            "id",
+            "name",
+            "engine_kind",
+            "description",
+            "created",
+            "fields",
+            "comment",
+            "latest_revision",
+            "num_revisions",
         ]
         read_only_fields = ["created"]
 
@@ -74,6 +87,11 @@ class ProfileSerializer(serializers.ModelSerializer):
     def get_latest_revision(self, obj: Profile) -> dict[str, Any] | None:
         latest = obj.latest_revision()
         return RevisionSerializer(latest).data if latest is not None else None
+
+    def get_num_revisions(self, profile: Profile) -> int:
+        # The list annotates it; a profile just created or revised counts here.
+        count = getattr(profile, "num_revisions", None)
+        return count if count is not None else profile.revisions.count()
 
     def validate_name(self, value: str) -> str:
         # A name is how people, rollouts and the audit log say "chunked@3";
@@ -106,37 +124,31 @@ class ProfileSerializer(serializers.ModelSerializer):
         return attrs
 
     def create(self, validated: dict[str, Any]) -> Profile:
-        fields = validated.pop("fields", {})
-        comment = validated.pop("comment", "")
-        with transaction.atomic():
-            profile = Profile.objects.create(**validated)
-            profile.add_revision(fields, author=self.context["request"].user, comment=comment or "created")
-        return profile
+        return Profile.objects.create_with_revision(
+            name=validated["name"],
+            engine_kind=validated.get("engine_kind", "reference"),
+            description=validated.get("description", ""),
+            fields=validated.get("fields", {}),
+            comment=validated.get("comment", ""),
+            actor=self.actor(),
+        )
 
     def update(self, profile: Profile, validated: dict[str, Any]) -> Profile:
-        fields = validated.pop("fields", None)
-        comment = validated.pop("comment", "")
-        with transaction.atomic():
-            for name, value in validated.items():
-                setattr(profile, name, value)
-            profile.save()
-            if fields is not None:
-                latest = profile.latest_revision()
-                normalized = EngineProfile.from_dict(fields, engine_kind=profile.engine_kind).to_dict()
-                if latest is None or normalized != latest.fields:
-                    profile.add_revision(fields, author=self.context["request"].user, comment=comment)
+        # name and engine kind cannot change (validate_name, validate_engine_kind)
+        profile.revise(
+            validated.get("fields"),
+            actor=self.actor(),
+            comment=validated.get("comment", ""),
+            description=validated.get("description"),
+        )
         return profile
 
 
 class ProfileViewSet(AuditedModelViewSet):
     serializer_class = ProfileSerializer
-    audit_name = "profile"
 
     def get_queryset(self) -> QuerySet[Profile]:
         return Profile.objects.annotate(num_revisions=Count("revisions"))
-
-    def audit_snapshot(self, obj: Profile) -> dict[str, Any]:
-        return obj.audit_state()
 
     @extend_schema(responses=RevisionSerializer(many=True))
     @action(detail=True, methods=["get"])
@@ -157,11 +169,11 @@ class ProfileViewSet(AuditedModelViewSet):
     def diff(self, request: Request, pk: str | None = None) -> Response:
         profile = self.get_object()
         revisions = profile.revisions.select_related("profile", "author")
-        to_number = _int_param(request, "to")
+        to_number = query_int(request, "to", minimum=1)
         after = revisions.filter(revision=to_number).first() if to_number else revisions.order_by("-revision").first()
         if after is None:
             raise serializers.ValidationError({"to": [f"profile {profile.name} has no revision {to_number}."]})
-        from_number = _int_param(request, "from") or max(after.revision - 1, 1)
+        from_number = query_int(request, "from", minimum=1) or max(after.revision - 1, 1)
         before = revisions.filter(revision=from_number).first()
         if before is None:
             raise serializers.ValidationError({"from": [f"profile {profile.name} has no revision {from_number}."]})
@@ -173,8 +185,11 @@ class ProfileRevisionViewSet(viewsets.ReadOnlyModelViewSet):
 
     def get_queryset(self) -> QuerySet[ProfileRevision]:
         qs = ProfileRevision.objects.select_related("profile", "author")
-        if profile := self.request.query_params.get("profile"):
-            qs = qs.filter(profile__name=profile) if not profile.isdigit() else qs.filter(profile_id=profile)
+        profile_id, profile_name = query_id_or_name(self.request, "profile")
+        if profile_id is not None:
+            qs = qs.filter(profile_id=profile_id)
+        elif profile_name is not None:
+            qs = qs.filter(profile__name=profile_name)
         return qs
 
     @extend_schema(
@@ -184,21 +199,11 @@ class ProfileRevisionViewSet(viewsets.ReadOnlyModelViewSet):
     @action(detail=True, methods=["get"])
     def diff(self, request: Request, pk: str | None = None) -> Response:
         before = self.get_object()
-        to_id = _int_param(request, "to")
+        to_id = query_int(request, "to", minimum=1)
         if to_id is None:
             raise serializers.ValidationError({"to": ["this parameter is required."]})
         after = get_object_or_404(self.get_queryset(), pk=to_id)
         return Response(_diff_payload(before, after))
-
-
-def _int_param(request: Request, name: str) -> int | None:
-    raw = request.query_params.get(name)
-    if raw in (None, ""):
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise serializers.ValidationError({name: ["must be an integer."]}) from None
 
 
 def _diff_payload(before: ProfileRevision, after: ProfileRevision) -> dict[str, Any]:

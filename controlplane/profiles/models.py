@@ -11,28 +11,51 @@ kind and model length to check against.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.conf import settings
 from django.db import models, transaction
 from django.db.models import Max
 from django.utils import timezone
 
+from controlplane import audit
 from controlplane.profiles.diff import FieldChange, diff_fields
 from workers.contract import ProfileRef
 from workers.profile import ENGINE_KINDS, EngineProfile, ProfileError, profile_errors
 
-if TYPE_CHECKING:
-    from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-
 ENGINE_KIND_CHOICES = [(kind, kind) for kind in ENGINE_KINDS]
 
 
-class Profile(models.Model):
+class ProfileManager(models.Manager["Profile"]):
+    def create_with_revision(
+        self,
+        *,
+        name: str,
+        engine_kind: str = "reference",
+        description: str = "",
+        fields: dict[str, Any],
+        comment: str = "",
+        actor: audit.Actor,
+    ) -> Profile:
+        """A new profile and its revision 1, audited as ``profile.create``
+        (the API and the UI both create profiles here). Raises ProfileError
+        naming each bad knob."""
+        profile = self.model(name=name, engine_kind=engine_kind, description=description)
+        with profile.changing(actor):
+            profile.save()
+            profile.add_revision(fields, author=actor, comment=comment or "created")
+        return profile
+
+
+class Profile(audit.Audited, models.Model):
+    audit_name = "profile"
+
     name = models.SlugField(max_length=100, unique=True)
     engine_kind = models.CharField(max_length=16, choices=ENGINE_KIND_CHOICES, default="reference")
     description = models.TextField(blank=True)
     created = models.DateTimeField(default=timezone.now)
+
+    objects = ProfileManager()
 
     class Meta:
         ordering = ["name"]
@@ -40,13 +63,30 @@ class Profile(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    def revise(
+        self, fields: dict[str, Any] | None, *, actor: audit.Actor, comment: str = "", description: str | None = None
+    ) -> ProfileRevision | None:
+        """An edit, audited as ``profile.update``: a new description, and the
+        next revision when ``fields`` (in full; missing knobs take defaults)
+        differ from the latest revision's. Returns the revision added, if any.
+        Raises ProfileError naming each bad knob."""
+        with self.changing(actor):
+            if description is not None and description != self.description:
+                self.description = description
+                self.save(update_fields=["description"])
+            if fields is None:
+                return None
+            latest = self.latest_revision()
+            normalized = EngineProfile.from_dict(fields, engine_kind=self.engine_kind).to_dict()
+            if latest is not None and normalized == latest.fields:
+                return None
+            return self.add_revision(fields, author=actor, comment=comment)
+
     def latest_revision(self) -> ProfileRevision | None:
         return self.revisions.order_by("-revision").first()
 
     def audit_state(self) -> dict[str, Any]:
         """What an audit row records of a profile: its row and latest knobs."""
-        from controlplane import audit
-
         latest = self.latest_revision()
         return {
             **audit.snapshot(self),
@@ -56,16 +96,18 @@ class Profile(models.Model):
 
     def max_model_len_in_use(self) -> int | None:
         """The longest model among workers that run or are meant to run any
-        revision of this profile: an edit must stay valid for them."""
-        from controlplane.fleet.models import Worker
-
-        workers = Worker.objects.filter(
-            models.Q(running_revision__profile=self)
-            | models.Q(desired_revision__profile=self)
-            | models.Q(desired_revision__isnull=True, pool__desired_revision__profile=self)
-        )
-        longest = workers.aggregate(longest=Max("max_model_len"))["longest"]
-        return longest or None
+        revision of this profile: an edit must stay valid for them. Read
+        through the fleet's foreign keys to revisions (fleet sits above
+        profiles and is not imported here), one aggregate each."""
+        revisions = self.revisions.all()
+        longest = [
+            revisions.aggregate(n=Max("workers_running__max_model_len"))["n"],
+            revisions.aggregate(n=Max("workers_desiring__max_model_len"))["n"],
+            revisions.aggregate(
+                n=Max("pools__workers__max_model_len", filter=models.Q(pools__workers__desired_revision__isnull=True))
+            )["n"],
+        ]
+        return max((n for n in longest if n), default=None)
 
     def revision_errors(self, fields: dict[str, Any]) -> dict[str, list[str]]:
         return profile_errors(fields, engine_kind=self.engine_kind, max_model_len=self.max_model_len_in_use())
@@ -74,7 +116,7 @@ class Profile(models.Model):
         self,
         fields: dict[str, Any],
         *,
-        author: AbstractBaseUser | AnonymousUser | None = None,
+        author: audit.Actor = None,
         comment: str = "",
         now: datetime | None = None,
     ) -> ProfileRevision:
@@ -85,7 +127,7 @@ class Profile(models.Model):
         if errors:
             raise ProfileError(errors)
         normalized = EngineProfile.from_dict(fields, engine_kind=self.engine_kind).to_dict()
-        recorded_author: Any = author if author is not None and author.is_authenticated else None
+        recorded_author: Any = author if getattr(author, "is_authenticated", False) else None
         with transaction.atomic():
             # The row lock serializes concurrent edits of one profile, so two
             # editors cannot both take revision n+1.
@@ -135,9 +177,7 @@ class ProfileRevision(models.Model):
 
     def as_ref(self) -> ProfileRef:
         """The revision as the agent contract carries it."""
-        return ProfileRef(
-            revision_id=self.pk, name=self.profile.name, revision=self.revision, fields=dict(self.fields)
-        )
+        return ProfileRef(revision_id=self.pk, name=self.profile.name, revision=self.revision, fields=dict(self.fields))
 
     def errors_for_worker(self, engine_kind: str, max_model_len: int | None) -> dict[str, list[str]]:
         return profile_errors(self.fields, engine_kind=engine_kind, max_model_len=max_model_len or None)

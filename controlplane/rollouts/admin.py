@@ -37,8 +37,19 @@ class RolloutAdmin(ReadOnlyAdmin):
     # Rollouts are started and steered through the API or the UI: buttons set
     # flags and the reconciler acts, auditing each move. Editing the phase or
     # weights here would race it, so the admin only shows them.
-    list_display = ["id", "routing_table", "stable_pool", "canary_pool", "target_revision", "phase", "step_index",
-                    "attempt", "gate_status", "created", "finished_at"]
+    list_display = [
+        "id",
+        "routing_table",
+        "stable_pool",
+        "canary_pool",
+        "target_revision",
+        "phase",
+        "step_index",
+        "attempt",
+        "gate_status",
+        "created",
+        "finished_at",
+    ]
     list_filter = ["phase", "gate_status", "fast_track"]
     search_fields = ["stable_pool__name", "canary_pool__name", "routing_table__model", "message"]
     list_select_related = ["routing_table", "stable_pool", "canary_pool", "target_revision__profile"]
@@ -63,8 +74,7 @@ class MeasurementInline(ReadOnlyInline):
 
 @admin.register(AnalysisRun)
 class AnalysisRunAdmin(ReadOnlyAdmin):
-    list_display = ["__str__", "rollout", "attempt", "step_index", "phase", "started_at", "finished_at",
-                    "terminated"]
+    list_display = ["__str__", "rollout", "attempt", "step_index", "phase", "started_at", "finished_at", "terminated"]
     list_filter = ["phase", "terminated"]
     search_fields = ["template_name", "canary_pool_name", "=rollout__id"]
     list_select_related = ["rollout__stable_pool", "rollout__target_revision__profile"]

@@ -37,7 +37,8 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from controlplane.audit.api import AuditedMixin, AuditedModelViewSet
+from controlplane.accounts.inputs import StrictModelSerializer, StrictSerializer
+from controlplane.audit.api import AuditedMixin, AuditedModelViewSet, AuditedSerializer
 from controlplane.fleet.api import RevisionRefSerializer
 from controlplane.fleet.models import Pool
 from controlplane.gateway.models import RoutingTable
@@ -56,14 +57,26 @@ TIMELINE_LIMIT = 500
 
 
 # ---- analysis templates ---------------------------------------------------------------
-class AnalysisTemplateSerializer(serializers.ModelSerializer):
+class AnalysisTemplateSerializer(AuditedSerializer):
     metrics = serializers.JSONField(help_text="[{name, figure, direction, test, max_ratio, floor, min_samples}]")
 
     class Meta:
         model = AnalysisTemplate
         fields = [
-            "id", "name", "description", "metrics", "interval_seconds", "count", "initial_delay_seconds",
-            "window_seconds", "failure_limit", "inconclusive_limit", "consecutive_error_limit", "created", "updated",
+            "id",
+            "name",
+            "description",
+            "metrics",
+            "interval_seconds",
+            "count",
+            "initial_delay_seconds",
+            "window_seconds",
+            "failure_limit",
+            "inconclusive_limit",
+            "consecutive_error_limit",
+            "sample_wait_seconds",
+            "created",
+            "updated",
         ]
         read_only_fields = ["created", "updated"]
 
@@ -88,12 +101,11 @@ class AnalysisTemplateViewSet(AuditedModelViewSet):
     template when they start."""
 
     serializer_class = AnalysisTemplateSerializer
-    audit_name = "analysis_template"
     queryset = AnalysisTemplate.objects.all()
 
 
 # ---- rollouts: reading -------------------------------------------------------------
-class EventSerializer(serializers.ModelSerializer):
+class EventSerializer(StrictModelSerializer):
     phase = serializers.CharField(source="phase_label")
 
     class Meta:
@@ -102,7 +114,7 @@ class EventSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class MeasurementSerializer(serializers.ModelSerializer):
+class MeasurementSerializer(StrictModelSerializer):
     phase = serializers.CharField(source="phase_label")
 
     class Meta:
@@ -111,20 +123,32 @@ class MeasurementSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class AnalysisRunSerializer(serializers.ModelSerializer):
+class AnalysisRunSerializer(StrictModelSerializer):
     phase = serializers.CharField(source="phase_label")
     measurements = MeasurementSerializer(many=True, read_only=True)
 
     class Meta:
         model = AnalysisRun
         fields = [
-            "id", "attempt", "step_index", "template_name", "spec", "phase", "message", "results",
-            "canary_pool_name", "baseline_pool_name", "started_at", "finished_at", "terminated", "measurements",
+            "id",
+            "attempt",
+            "step_index",
+            "template_name",
+            "spec",
+            "phase",
+            "message",
+            "results",
+            "canary_pool_name",
+            "baseline_pool_name",
+            "started_at",
+            "finished_at",
+            "terminated",
+            "measurements",
         ]
         read_only_fields = fields
 
 
-class RolloutSerializer(serializers.ModelSerializer):
+class RolloutSerializer(StrictModelSerializer):
     model = serializers.CharField(source="routing_table.model", read_only=True)
     stable_pool = serializers.CharField(source="stable_pool.name", read_only=True)
     canary_pool = serializers.CharField(source="canary_pool.name", read_only=True)
@@ -140,11 +164,36 @@ class RolloutSerializer(serializers.ModelSerializer):
     class Meta:
         model = Rollout
         fields = [
-            "id", "model", "stable_pool", "canary_pool", "baseline_pool", "stable_revision", "target_revision",
-            "steps", "current_step", "progress_deadline_seconds", "gate", "fast_track", "rollback_of",
-            "phase", "finished", "step_index", "pause_conditions", "weights", "message", "abort_reason",
-            "attempt", "gate_status", "gate_result", "last_error", "flags", "created_by", "created",
-            "started_at", "finished_at", "next_run_at",
+            "id",
+            "model",
+            "stable_pool",
+            "canary_pool",
+            "baseline_pool",
+            "stable_revision",
+            "target_revision",
+            "steps",
+            "current_step",
+            "progress_deadline_seconds",
+            "gate",
+            "fast_track",
+            "rollback_of",
+            "phase",
+            "finished",
+            "step_index",
+            "pause_conditions",
+            "weights",
+            "message",
+            "abort_reason",
+            "attempt",
+            "gate_status",
+            "gate_result",
+            "last_error",
+            "flags",
+            "created_by",
+            "created",
+            "started_at",
+            "finished_at",
+            "next_run_at",
         ]
         read_only_fields = fields
 
@@ -156,48 +205,87 @@ class RolloutSerializer(serializers.ModelSerializer):
         return [flag.replace("_", "-") for flag, field in FLAG_FIELDS.items() if getattr(obj, field)]
 
 
+class ForecastSerializer(StrictSerializer):
+    step_index = serializers.IntegerField()
+    template = serializers.CharField()
+    canary_bp = serializers.IntegerField(help_text="the canary's weight while the analysis runs")
+    baseline_role = serializers.CharField(help_text="baseline or stable: what the canary is compared with")
+    baseline_bp = serializers.IntegerField()
+    min_samples = serializers.IntegerField(help_text="per side, the largest of the template's metrics")
+    window_seconds = serializers.FloatField(help_text="what one measurement counts over")
+    sample_wait_seconds = serializers.FloatField(help_text="how long the analysis may measure on for its samples")
+    requests_per_second = serializers.FloatField(help_text="the model's traffic over the last few minutes")
+    canary_seconds = serializers.FloatField(allow_null=True)
+    baseline_seconds = serializers.FloatField(allow_null=True)
+    seconds_to_min_samples = serializers.FloatField(allow_null=True, help_text="null: never at this rate")
+    conclusive = serializers.BooleanField(
+        help_text="one window holds the samples; else each measurement is "
+        "inconclusive and the rollout pauses for a person"
+    )
+    message = serializers.CharField()
+
+
 class RolloutDetailSerializer(RolloutSerializer):
     timeline = serializers.SerializerMethodField()
     analysis_runs = AnalysisRunSerializer(many=True, read_only=True)
+    sample_forecast = serializers.SerializerMethodField(
+        help_text="unfinished rollouts: per analysis step, the time to its minimum sample count at the current "
+        "traffic rate"
+    )
 
     class Meta(RolloutSerializer.Meta):
-        fields = [*RolloutSerializer.Meta.fields, "timeline", "analysis_runs"]
+        fields = [*RolloutSerializer.Meta.fields, "timeline", "analysis_runs", "sample_forecast"]
         read_only_fields = fields
+
+    @extend_schema_field(ForecastSerializer(many=True))
+    def get_sample_forecast(self, obj: Rollout) -> list[dict[str, Any]]:
+        return [f.to_json() for f in obj.sample_forecast()] if not obj.is_finished else []
 
     @extend_schema_field(EventSerializer(many=True))
     def get_timeline(self, obj: Rollout) -> list[dict[str, Any]]:
         events = list(obj.events.order_by("-time", "-id")[:TIMELINE_LIMIT])
-        return EventSerializer(reversed(events), many=True).data  # type: ignore[return-value]
+        return EventSerializer(reversed(events), many=True).data
 
 
 # ---- rollouts: creating ------------------------------------------------------------
-class RolloutCreateSerializer(serializers.Serializer):
-    model = serializers.SlugRelatedField(slug_field="model", queryset=RoutingTable.objects.all(),
-                                         help_text="the routing table (its model name)")
-    stable_pool = serializers.SlugRelatedField(slug_field="name", queryset=Pool.objects.all(),
-                                               help_text="the pool being moved: the table's stable pool")
+class RolloutCreateSerializer(StrictSerializer):
+    model = serializers.SlugRelatedField(
+        slug_field="model", queryset=RoutingTable.objects.all(), help_text="the routing table (its model name)"
+    )
+    stable_pool = serializers.SlugRelatedField(
+        slug_field="name", queryset=Pool.objects.all(), help_text="the pool being moved: the table's stable pool"
+    )
     canary_pool = serializers.SlugRelatedField(slug_field="name", queryset=Pool.objects.all())
-    baseline_pool = serializers.SlugRelatedField(slug_field="name", queryset=Pool.objects.all(), required=False,
-                                                 allow_null=True)
+    baseline_pool = serializers.SlugRelatedField(
+        slug_field="name", queryset=Pool.objects.all(), required=False, allow_null=True
+    )
     target_revision = serializers.PrimaryKeyRelatedField(queryset=ProfileRevision.objects.select_related("profile"))
     stable_revision = serializers.PrimaryKeyRelatedField(
-        queryset=ProfileRevision.objects.select_related("profile"), required=False, allow_null=True,
-        help_text="default: the stable pool's desired revision")
+        queryset=ProfileRevision.objects.select_related("profile"),
+        required=False,
+        allow_null=True,
+        help_text="default: the stable pool's desired revision",
+    )
     steps = serializers.JSONField(required=False, help_text="default: 10% → 25% → 50% → 100% with analysis between")
     analysis_template = serializers.SlugRelatedField(
-        slug_field="name", queryset=AnalysisTemplate.objects.all(), required=False, allow_null=True,
-        help_text="for the default plan's analyses (default: the template named default)")
+        slug_field="name",
+        queryset=AnalysisTemplate.objects.all(),
+        required=False,
+        allow_null=True,
+        help_text="for the default plan's analyses (default: the template named default)",
+    )
     progress_deadline_seconds = serializers.FloatField(required=False, min_value=1.0)
     gate = serializers.JSONField(required=False, help_text="consistency gate: {enabled, prompts, max_tokens}")
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if "steps" in attrs and attrs.get("analysis_template") is not None:
-            raise serializers.ValidationError({"analysis_template": ["only for the default plan; name templates "
-                                                                     "in your steps instead."]})
+            raise serializers.ValidationError(
+                {"analysis_template": ["only for the default plan; name templates in your steps instead."]}
+            )
         return attrs
 
 
-class ReasonSerializer(serializers.Serializer):
+class ReasonSerializer(StrictSerializer):
     reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
 
 
@@ -206,16 +294,20 @@ class ReasonSerializer(serializers.Serializer):
     create=extend_schema(request=RolloutCreateSerializer, responses={201: RolloutDetailSerializer}),
     retrieve=extend_schema(responses=RolloutDetailSerializer),
 )
-class RolloutViewSet(AuditedMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin,
-                     viewsets.GenericViewSet):
+class RolloutViewSet(
+    AuditedMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet
+):
     """Canary rollouts. Buttons set flags; the reconciler acts on them."""
-
-    audit_name = "rollout"
 
     def get_queryset(self) -> QuerySet[Rollout]:
         qs = Rollout.objects.select_related(
-            "routing_table", "stable_pool", "canary_pool", "baseline_pool", "stable_revision__profile",
-            "target_revision__profile", "created_by",
+            "routing_table",
+            "stable_pool",
+            "canary_pool",
+            "baseline_pool",
+            "stable_revision__profile",
+            "target_revision__profile",
+            "created_by",
         )
         if self.action == "retrieve":
             qs = qs.prefetch_related("analysis_runs__measurements")
@@ -231,9 +323,6 @@ class RolloutViewSet(AuditedMixin, mixins.ListModelMixin, mixins.RetrieveModelMi
             return RolloutCreateSerializer
         return RolloutDetailSerializer if self.action == "retrieve" else RolloutSerializer
 
-    def audit_snapshot(self, obj: Rollout) -> dict[str, Any]:
-        return obj.audit_state()
-
     def create(self, request: Request) -> Response:
         data = RolloutCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -242,15 +331,22 @@ class RolloutViewSet(AuditedMixin, mixins.ListModelMixin, mixins.RetrieveModelMi
         if steps is None and v.get("analysis_template") is not None:
             steps = plan.to_json(plan.default_plan(v["analysis_template"].name))
         rollout = Rollout.start(
-            routing_table=v["model"], stable_pool=v["stable_pool"], canary_pool=v["canary_pool"],
-            baseline_pool=v.get("baseline_pool"), target_revision=v["target_revision"],
-            stable_revision=v.get("stable_revision"), steps=steps,
-            progress_deadline_seconds=v.get("progress_deadline_seconds", Rollout._meta.get_field(
-                "progress_deadline_seconds").default),
-            gate=v.get("gate"), actor=request.user,
+            routing_table=v["model"],
+            stable_pool=v["stable_pool"],
+            canary_pool=v["canary_pool"],
+            baseline_pool=v.get("baseline_pool"),
+            target_revision=v["target_revision"],
+            stable_revision=v.get("stable_revision"),
+            steps=steps,
+            progress_deadline_seconds=v.get(
+                "progress_deadline_seconds", Rollout._meta.get_field("progress_deadline_seconds").default
+            ),
+            gate=v.get("gate"),
+            actor=request.user,
         )
-        return Response(RolloutDetailSerializer(self.get_queryset().get(pk=rollout.pk)).data,
-                        status=status.HTTP_201_CREATED)
+        return Response(
+            RolloutDetailSerializer(self.get_queryset().get(pk=rollout.pk)).data, status=status.HTTP_201_CREATED
+        )
 
     def perform_destroy(self, instance: Rollout) -> None:
         if not instance.is_finished:
@@ -276,8 +372,9 @@ class RolloutViewSet(AuditedMixin, mixins.ListModelMixin, mixins.RetrieveModelMi
         body.is_valid(raise_exception=True)
         rollout = get_object_or_404(Rollout, pk=pk)
         if not rollout.request_abort(request.user, body.validated_data["reason"], source="api"):
-            raise serializers.ValidationError({"non_field_errors": [f"the rollout has {rollout.phase_label}; "
-                                                                    "nothing to abort."]})
+            raise serializers.ValidationError(
+                {"non_field_errors": [f"the rollout has {rollout.phase_label}; nothing to abort."]}
+            )
         return self._reply(pk)
 
     @extend_schema(request=None, responses=RolloutSerializer)
@@ -307,4 +404,3 @@ class RolloutViewSet(AuditedMixin, mixins.ListModelMixin, mixins.RetrieveModelMi
         rollout = get_object_or_404(self.get_queryset(), pk=pk)
         back = rollout.rollback(request.user)
         return Response(RolloutSerializer(self.get_queryset().get(pk=back.pk)).data, status=status.HTTP_201_CREATED)
-

@@ -6,4 +6,7 @@ class RolloutsConfig(AppConfig):
     label = "rollouts"
 
     def ready(self) -> None:
-        from controlplane.rollouts import gauges  # noqa: F401 - registers the control plane's rollout gauges
+        # Imported here: the hooks need the models, which load after the app configs.
+        from controlplane.rollouts import hooks
+
+        hooks.register()

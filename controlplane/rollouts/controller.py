@@ -37,7 +37,12 @@ from django.db import transaction
 from django.utils import timezone
 
 from controlplane import audit
-from controlplane.rollouts import conf, gate, live, measure
+from controlplane.fleet.health import WorkerState
+from controlplane.fleet.models import Pool, Worker
+from controlplane.gateway import bus
+from controlplane.gateway.models import RoutingTable
+from controlplane.profiles.models import ProfileRevision
+from controlplane.rollouts import conf, gate, measure, notifications
 from controlplane.rollouts.evaluator import (
     IDLE_POLL_SECONDS,
     WORKER_POLL_SECONDS,
@@ -67,8 +72,19 @@ log = logging.getLogger(__name__)
 
 # Events worth an audit row of their own: the automatic decisions.
 AUDITED_EVENTS = {
-    "started", "aborting", "aborted", "promoting", "succeeded", "paused", "promoted", "step_skipped",
-    "step_completed", "retry", "gate_passed", "gate_failed", "analysis_completed",
+    "started",
+    "aborting",
+    "aborted",
+    "promoting",
+    "succeeded",
+    "paused",
+    "promoted",
+    "step_skipped",
+    "step_completed",
+    "retry",
+    "gate_passed",
+    "gate_failed",
+    "analysis_completed",
 }
 
 
@@ -92,7 +108,7 @@ class TickOutcome:
 def drive(rollout_id: int, token: str | None = None) -> None:
     """Tick until there is something to wait for, then hand over to the
     next scheduled run. ``token`` None: a kick (always runs)."""
-    for _ in range(int(conf.get("ROLLOUT_MAX_TICKS_PER_TASK"))):
+    for _ in range(conf.ROLLOUT_MAX_TICKS_PER_TASK.get()):
         out = tick(rollout_id, token)
         if out is None:
             return
@@ -103,7 +119,7 @@ def drive(rollout_id: int, token: str | None = None) -> None:
             schedule(rollout_id, token, WORKER_POLL_SECONDS)
             return
         if out.awaiting_epoch is not None:
-            if await_acks(rollout_id, *out.awaiting_epoch, budget_seconds=float(conf.get("ROLLOUT_ACK_WAIT_SECONDS"))):
+            if await_acks(rollout_id, *out.awaiting_epoch, budget_seconds=conf.ROLLOUT_ACK_WAIT_SECONDS.get()):
                 continue
             schedule(rollout_id, token, out.decision.requeue_seconds or WORKER_POLL_SECONDS)
             return
@@ -122,6 +138,7 @@ def drive(rollout_id: int, token: str | None = None) -> None:
 
 def schedule(rollout_id: int, token: str, delay_seconds: float) -> bool:
     """Enqueue the successor run, unless a newer run took over meanwhile."""
+    # Imported here: tasks.py imports this module.
     from controlplane.rollouts.tasks import reconcile
 
     delay_seconds = max(0.0, delay_seconds)
@@ -130,16 +147,15 @@ def schedule(rollout_id: int, token: str, delay_seconds: float) -> bool:
             next_run_at=timezone.now() + timedelta(seconds=delay_seconds)
         )
         if claimed:
-            transaction.on_commit(lambda: reconcile.apply_async(
-                (rollout_id,), {"token": token}, countdown=delay_seconds))
+            transaction.on_commit(
+                lambda: reconcile.apply_async((rollout_id,), {"token": token}, countdown=delay_seconds)
+            )
     return bool(claimed)
 
 
 def await_acks(rollout_id: int, table_id: int, epoch: int, *, budget_seconds: float) -> bool:
     """Wait for every live gateway's ack of ``epoch``. True when they all
     acked, or when an abort came in meanwhile (so the next tick runs now)."""
-    from controlplane.gateway import bus
-
     deadline = time.monotonic() + budget_seconds
     while True:
         remaining = deadline - time.monotonic()
@@ -158,10 +174,19 @@ def tick(rollout_id: int, token: str | None = None, *, now: datetime | None = No
     """One locked read-decide-act. None: the rollout is gone, or this run
     was superseded by a newer one."""
     with transaction.atomic():
-        rollout = (Rollout.objects.select_for_update(of=("self",))
-                   .select_related("routing_table", "stable_pool", "canary_pool", "baseline_pool",
-                                   "stable_revision__profile", "target_revision__profile")
-                   .filter(pk=rollout_id).first())
+        rollout = (
+            Rollout.objects.select_for_update(of=("self",))
+            .select_related(
+                "routing_table",
+                "stable_pool",
+                "canary_pool",
+                "baseline_pool",
+                "stable_revision__profile",
+                "target_revision__profile",
+            )
+            .filter(pk=rollout_id)
+            .first()
+        )
         if rollout is None or (token is not None and rollout.schedule_token != token):
             return None
         now = now or timezone.now()
@@ -182,8 +207,11 @@ def tick(rollout_id: int, token: str | None = None, *, now: datetime | None = No
         if decision.progressed and not failed and (decision.action is None or decision.action.kind != Act.RUN_GATE):
             rollout.progress_at = now
         rollout.schedule_token = uuid.uuid4().hex
-        hold = float(conf.get("ROLLOUT_GATE_TIMEOUT_SECONDS")) if decision.action and \
-            decision.action.kind == Act.RUN_GATE else float(conf.get("ROLLOUT_ACK_WAIT_SECONDS")) + 5.0
+        hold = (
+            conf.ROLLOUT_GATE_TIMEOUT_SECONDS.get()
+            if decision.action and decision.action.kind == Act.RUN_GATE
+            else conf.ROLLOUT_ACK_WAIT_SECONDS.get() + 5.0
+        )
         rollout.next_run_at = None if rollout.is_finished else now + timedelta(seconds=hold)
         rollout.updated_at = now
         rollout.save()
@@ -191,26 +219,27 @@ def tick(rollout_id: int, token: str | None = None, *, now: datetime | None = No
         # above all): pages and pagers may wait, the gateways may not.
         rollout.changed()
         for kind, message in notices:
-            live.notify(rollout, kind, message)
+            notifications.notify(rollout, kind, message)
         awaiting = None
         if decision.wait == Wait.ACKS:
             table = rollout.routing_table
             table.refresh_from_db(fields=["epoch"])
             awaiting = (table.pk, table.epoch)
         return TickOutcome(
-            token=rollout.schedule_token, decision=decision, attempt=rollout.attempt, awaiting_epoch=awaiting,
-            run_gate=decision.action is not None and decision.action.kind == Act.RUN_GATE, failed=failed,
+            token=rollout.schedule_token,
+            decision=decision,
+            attempt=rollout.attempt,
+            awaiting_epoch=awaiting,
+            run_gate=decision.action is not None and decision.action.kind == Act.RUN_GATE,
+            failed=failed,
         )
 
 
 def observe(rollout: Rollout, now: datetime) -> World:
-    from controlplane.gateway import bus
-    from controlplane.gateway.models import RoutingTable
-
     table = RoutingTable.objects.get(pk=rollout.routing_table_id)
     try:
         acked = bus.ack_status(table.pk, table.epoch).complete
-    except Exception:  # noqa: BLE001 - Redis away: nobody can be said to have acked
+    except Exception:
         log.warning("rollout %s: cannot read gateway acks", rollout.pk, exc_info=True)
         acked = False
     return World(
@@ -223,14 +252,18 @@ def observe(rollout: Rollout, now: datetime) -> World:
 
 
 def pool_view(pool_id: int) -> PoolView:
-    from controlplane.fleet.health import State
-    from controlplane.fleet.models import Pool, Worker
-
     desired = Pool.objects.filter(pk=pool_id).values_list("desired_revision_id", flat=True).first()
     workers = tuple(
-        WorkerView(id=wid, name=name, override_revision=override, running_revision=running,
-                   ready=state == State.READY, live=not State(state).is_lost)
-        for wid, name, override, running, state in Worker.objects.filter(pool_id=pool_id).order_by("name")
+        WorkerView(
+            id=wid,
+            name=name,
+            override_revision=override,
+            running_revision=running,
+            ready=state == WorkerState.READY,
+            live=not WorkerState(state).is_lost,
+        )
+        for wid, name, override, running, state in Worker.objects.filter(pool_id=pool_id)
+        .order_by("name")
         .values_list("id", "name", "desired_revision_id", "running_revision_id", "state")
     )
     return PoolView(desired, workers)
@@ -282,8 +315,14 @@ def apply(rollout: Rollout, d: Decision, now: datetime) -> list[tuple[str, str]]
     for event in d.events:
         rollout.record(event.kind, event.message, now=now)
         if event.kind in AUDITED_EVENTS:
-            audit.record(rollout.actor, f"rollout.{event.kind}", rollout, {"phase": before.label},
-                         {"phase": d.phase.label, "step_index": d.step_index, "message": event.message}, time=now)
+            audit.record(
+                rollout.actor,
+                f"rollout.{event.kind}",
+                rollout,
+                {"phase": before.label},
+                {"phase": d.phase.label, "step_index": d.step_index, "message": event.message},
+                time=now,
+            )
     return [(event.kind, event.message) for event in d.events]
 
 
@@ -294,8 +333,11 @@ def perform(rollout: Rollout, action: Action, world: World, now: datetime) -> st
             handler = _HANDLERS[action.kind]
             handler(rollout, action, world, now)
     except ValidationError as exc:
-        return "; ".join(m for messages in exc.message_dict.values() for m in messages) \
-            if hasattr(exc, "error_dict") else "; ".join(exc.messages)
+        return (
+            "; ".join(m for messages in exc.message_dict.values() for m in messages)
+            if hasattr(exc, "error_dict")
+            else "; ".join(exc.messages)
+        )
     return None
 
 
@@ -307,33 +349,40 @@ def _set_weights(rollout: Rollout, action: Action, world: World, now: datetime) 
     assert action.weights is not None
     table = rollout.routing_table
     text = _describe_weights(action.weights)
-    epoch = table.set_weights(action.weights, actor=rollout.actor, reason=f"rollout {rollout.pk}: {rollout.message}",
-                              require_ready=action.require_ready, now=now)
+    epoch = table.set_weights(
+        action.weights,
+        actor=rollout.actor,
+        reason=f"rollout {rollout.pk}: {rollout.message}",
+        require_ready=action.require_ready,
+        now=now,
+    )
     rollout.weights = table.weights()
-    rollout.record("weights_set", f"weights set: {text} (epoch {epoch})", data={"weights": action.weights,
-                                                                                   "epoch": epoch}, now=now)
+    rollout.record(
+        "weights_set", f"weights set: {text} (epoch {epoch})", data={"weights": action.weights, "epoch": epoch}, now=now
+    )
 
 
 def _point_pool(rollout: Rollout, pool_id: int, revision_id: int, now: datetime, kind: str, what: str) -> None:
     """Point a whole pool at a revision and clear its workers' overrides."""
-    from controlplane.fleet.models import Pool
-    from controlplane.profiles.models import ProfileRevision
-
     pool = Pool.objects.select_for_update().get(pk=pool_id)
     revision = ProfileRevision.objects.select_related("profile").get(pk=revision_id)
     # Going back to the stable revision is never refused: the pool ran it.
     errors = pool.revision_errors(revision) if revision.pk != rollout.stable_revision_id else {}
     if errors:
         raise ValidationError(errors)
-    before = {"desired_revision": pool.desired_revision_id,
-              "overrides": dict(pool.workers.exclude(desired_revision=None).values_list("name", "desired_revision"))}
+    before = {
+        "desired_revision": pool.desired_revision_id,
+        "overrides": dict(pool.workers.exclude(desired_revision=None).values_list("name", "desired_revision")),
+    }
     pool.set_desired_revision(revision, now=now)
     for worker in pool.workers.exclude(desired_revision=None):
         worker.set_desired_revision(None, now=now)
-    audit.record(rollout.actor, "pool.set_revision", pool, before, {"desired_revision": revision.pk, "overrides": {}},
-                 time=now)
-    rollout.record(kind, f"{what}: pool {pool.name} → {revision}", data={"pool": pool.name, "revision": revision.pk},
-                   now=now)
+    audit.record(
+        rollout.actor, "pool.set_revision", pool, before, {"desired_revision": revision.pk, "overrides": {}}, time=now
+    )
+    rollout.record(
+        kind, f"{what}: pool {pool.name} → {revision}", data={"pool": pool.name, "revision": revision.pk}, now=now
+    )
 
 
 def _set_canary_revision(rollout: Rollout, action: Action, world: World, now: datetime) -> None:
@@ -347,9 +396,6 @@ def _finalize_pool(rollout: Rollout, action: Action, world: World, now: datetime
 
 
 def _move_worker(rollout: Rollout, action: Action, world: World, now: datetime) -> None:
-    from controlplane.fleet.models import Worker
-    from controlplane.profiles.models import ProfileRevision
-
     assert action.worker_id is not None and action.revision is not None
     worker = Worker.objects.select_for_update(of=("self",)).select_related("pool").get(pk=action.worker_id)
     revision = ProfileRevision.objects.select_related("profile").get(pk=action.revision)
@@ -359,40 +405,64 @@ def _move_worker(rollout: Rollout, action: Action, world: World, now: datetime) 
     before = worker.audit_state()
     worker.set_desired_revision(revision, now=now)
     audit.record(rollout.actor, "worker.move", worker, before, worker.audit_state(), time=now)
-    rollout.record("worker_moved", f"worker {worker.name} → {revision} (one at a time)",
-                   data={"worker": worker.name, "revision": revision.pk}, now=now)
+    rollout.record(
+        "worker_moved",
+        f"worker {worker.name} → {revision} (one at a time)",
+        data={"worker": worker.name, "revision": revision.pk},
+        now=now,
+    )
 
 
 def _start_analysis(rollout: Rollout, action: Action, world: World, now: datetime) -> None:
     (canary, _), (baseline, _) = measure.sides(rollout)
     template = AnalysisTemplate.objects.filter(name=action.template).first()
     defaults: dict[str, Any] = {
-        "template_name": action.template or "", "canary_pool_name": canary, "baseline_pool_name": baseline,
+        "template_name": action.template or "",
+        "canary_pool_name": canary,
+        "baseline_pool_name": baseline,
         "started_at": now,
     }
     if template is None:
-        defaults.update(spec={"metrics": []}, phase=AnalysisPhase.ERROR, finished_at=now,
-                        message=f"analysis template `{action.template}` does not exist")
+        defaults.update(
+            spec={"metrics": []},
+            phase=AnalysisPhase.ERROR,
+            finished_at=now,
+            message=f"analysis template `{action.template}` does not exist",
+        )
     else:
         defaults.update(spec=template.spec().to_json(), phase=AnalysisPhase.PENDING, message="starting")
     run, created = AnalysisRun.objects.get_or_create(
-        rollout=rollout, attempt=rollout.attempt, step_index=rollout.step_index, defaults=defaults)
+        rollout=rollout, attempt=rollout.attempt, step_index=rollout.step_index, defaults=defaults
+    )
     if created:
-        rollout.record("analysis_started", f"analysis `{run.template_name}` started: canary {canary} against "
-                                           f"{baseline}", data={"run": run.pk}, now=now)
+        rollout.record(
+            "analysis_started",
+            f"analysis `{run.template_name}` started: canary {canary} against {baseline}",
+            data={"run": run.pk},
+            now=now,
+        )
 
 
 def _measure(rollout: Rollout, action: Action, world: World, now: datetime) -> None:
     run = AnalysisRun.objects.select_for_update().get(
-        rollout=rollout, attempt=rollout.attempt, step_index=rollout.step_index)
+        rollout=rollout, attempt=rollout.attempt, step_index=rollout.step_index
+    )
     if AnalysisPhase(run.phase).completed:
         return
     spec = run.run_spec()
-    samples = measure.collect(rollout, spec, world.weights, now)
-    outcome = take_round(spec, run.metric_results(), samples)
+    since_start = (now - run.started_at).total_seconds()
+    lookback = spec.lookback_at(since_start)
+    samples = measure.collect(rollout, spec, world.weights, now, lookback_seconds=lookback)
+    outcome = take_round(spec, run.metric_results(), samples, since_start)
     verdicts = [outcome.verdicts[rule.name].to_json(rule, samples[rule.name]) for rule in spec.metrics]
-    Measurement.objects.create(run=run, taken_at=now, window_seconds=spec.lookback_seconds, phase=outcome.worst,
-                               verdicts=verdicts, weights=dict(world.weights))
+    Measurement.objects.create(
+        run=run,
+        taken_at=now,
+        window_seconds=lookback,
+        phase=outcome.worst,
+        verdicts=verdicts,
+        weights=dict(world.weights),
+    )
     run.results = {name: result.to_json() for name, result in outcome.results.items()}
     run.phase, run.message = outcome.phase, outcome.message
     if outcome.phase.completed:
@@ -400,13 +470,28 @@ def _measure(rollout: Rollout, action: Action, world: World, now: datetime) -> N
     run.save(update_fields=["results", "phase", "message", "finished_at"])
     num = run.measurements.count()
     summary = ", ".join(f"{v['metric']} {v['phase']}" for v in verdicts)
-    rollout.record("measurement", f"measurement {num}/{spec.count}: {outcome.worst.label} ({summary})",
-                   data={"run": run.pk, "verdicts": verdicts}, now=now)
+    counted = "" if outcome.counted else ", not counted: " + outcome.message
+    rollout.record(
+        "measurement",
+        f"measurement {num}/{spec.count}: {outcome.worst.label} ({summary}){counted}",
+        data={"run": run.pk, "verdicts": verdicts},
+        now=now,
+    )
     if outcome.phase.completed:
-        rollout.record("analysis_completed", f"analysis `{run.template_name}` {outcome.phase.label}: "
-                                             f"{outcome.message}", data={"run": run.pk}, now=now)
-        audit.record(rollout.actor, f"rollout.analysis_{outcome.phase.label}", rollout, None,
-                     {"run": run.pk, "message": outcome.message, "verdicts": verdicts}, time=now)
+        rollout.record(
+            "analysis_completed",
+            f"analysis `{run.template_name}` {outcome.phase.label}: {outcome.message}",
+            data={"run": run.pk},
+            now=now,
+        )
+        audit.record(
+            rollout.actor,
+            f"rollout.analysis_{outcome.phase.label}",
+            rollout,
+            None,
+            {"run": run.pk, "message": outcome.message, "verdicts": verdicts},
+            time=now,
+        )
 
 
 _HANDLERS = {
@@ -428,17 +513,20 @@ def run_gate(rollout_id: int, attempt: int) -> bool:
     the timeline; the next tick tries again, within the progress deadline).
     Prompts that crossed too few chunk boundaries fail the gate (the rollout
     aborts before any traffic): another try replays the same prompts."""
-    from controlplane.fleet.health import State
-    from controlplane.fleet.models import Worker
-
     rollout = Rollout.objects.select_related("target_revision", "stable_revision").filter(pk=rollout_id).first()
     if rollout is None or rollout.attempt != attempt or rollout.gate_status != GateStatus.PENDING:
         return True
-    ready = Worker.objects.filter(state=State.READY)
+    ready = Worker.objects.filter(state=WorkerState.READY)
     canary = ready.filter(pool_id=rollout.canary_pool_id, running_revision_id=rollout.target_revision_id).first()
     stable_pools = [p for p in (rollout.baseline_pool_id, rollout.stable_pool_id) if p is not None]
-    stable = next((w for pool_id in stable_pools for w in ready.filter(
-        pool_id=pool_id, running_revision_id=rollout.stable_revision_id)[:1]), None)
+    stable = next(
+        (
+            w
+            for pool_id in stable_pools
+            for w in ready.filter(pool_id=pool_id, running_revision_id=rollout.stable_revision_id)[:1]
+        ),
+        None,
+    )
     if canary is None or stable is None:
         return _gate_error(rollout_id, attempt, "no ready canary and stable worker to replay on")
     settings = rollout.gate_settings()
@@ -450,18 +538,31 @@ def run_gate(rollout_id: int, attempt: int) -> bool:
     if not prompts:
         prompts.extend(gate.default_prompts(profile.chunk_cap, max_model_len, settings.max_tokens, short))
     try:
-        outcome = gate.run(canary.url, stable.url, prompts, settings.max_tokens, profile.chunk_cap,
-                           timeout_seconds=float(conf.get("ROLLOUT_GATE_TIMEOUT_SECONDS")),
-                           min_boundaries=gate.required_boundaries(profile.chunk_cap, max_model_len,
-                                                                   settings.max_tokens, short),
-                           short_prompt_threshold=short)
+        outcome = gate.run(
+            canary.url,
+            stable.url,
+            prompts,
+            settings.max_tokens,
+            profile.chunk_cap,
+            timeout_seconds=conf.ROLLOUT_GATE_TIMEOUT_SECONDS.get(),
+            min_boundaries=gate.required_boundaries(profile.chunk_cap, max_model_len, settings.max_tokens, short),
+            short_prompt_threshold=short,
+        )
     except gate.GateError as exc:
         return _gate_error(rollout_id, attempt, str(exc))
-    details = {**outcome.details, "message": outcome.message, "error": outcome.error,
-               "canary_worker": canary.name, "stable_worker": stable.name}
+    details = {
+        **outcome.details,
+        "message": outcome.message,
+        "error": outcome.error,
+        "canary_worker": canary.name,
+        "stable_worker": stable.name,
+    }
     with transaction.atomic():
-        rollout = Rollout.objects.select_for_update().filter(
-            pk=rollout_id, attempt=attempt, gate_status=GateStatus.PENDING, phase__lt=Phase.ABORTING).first()
+        rollout = (
+            Rollout.objects.select_for_update()
+            .filter(pk=rollout_id, attempt=attempt, gate_status=GateStatus.PENDING, phase__lt=Phase.ABORTING)
+            .first()
+        )
         if rollout is None:
             return True
         now = timezone.now()

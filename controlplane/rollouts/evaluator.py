@@ -191,8 +191,7 @@ def pool_move(pool: PoolView, revision: int) -> Move:
     clear the overrides. Lost workers are skipped; they pick up the pool's
     revision when they come back."""
     live = sorted(pool.live, key=lambda w: w.name)
-    settling = [w for w in live if pool.effective(w) == revision
-                and not (w.running_revision == revision and w.ready)]
+    settling = [w for w in live if pool.effective(w) == revision and not (w.running_revision == revision and w.ready)]
     if pool.points_at(revision):
         return Move(MoveKind.WAIT, settling[0]) if settling else Move(MoveKind.DONE)
     if settling:
@@ -273,8 +272,12 @@ class _Tick:
     def __init__(self, s: RolloutState, w: World, now: datetime):
         self.s, self.w, self.now = s, w, now
         self.d = Decision(
-            phase=s.phase, step_index=s.step_index, step_started_at=s.step_started_at,
-            pause_conditions=s.pause_conditions, message="", abort_reason=s.abort_reason,
+            phase=s.phase,
+            step_index=s.step_index,
+            step_started_at=s.step_started_at,
+            pause_conditions=s.pause_conditions,
+            message="",
+            abort_reason=s.abort_reason,
         )
         self.roles = frozenset(w.weights)
 
@@ -284,8 +287,9 @@ class _Tick:
 
     def act(self, action: Action, message: str) -> Decision:
         if self.s.last_error and self.overdue() and self.d.phase != Phase.ABORTING:
-            return self.start_abort(f"progress deadline of {self.s.progress_deadline_seconds:g} s exceeded: "
-                                    f"{self.s.last_error}")
+            return self.start_abort(
+                f"progress deadline of {self.s.progress_deadline_seconds:g} s exceeded: {self.s.last_error}"
+            )
         self.d.action = action
         self.d.message = message
         self.d.progressed = True
@@ -310,8 +314,9 @@ class _Tick:
     def wait_infra(self, what: Wait, message: str, seconds: float) -> Decision:
         """Wait for workers or gateways, within the progress deadline."""
         if self.overdue() and self.d.phase != Phase.ABORTING:
-            return self.start_abort(f"progress deadline of {self.s.progress_deadline_seconds:g} s exceeded "
-                                    f"while {message}")
+            return self.start_abort(
+                f"progress deadline of {self.s.progress_deadline_seconds:g} s exceeded while {message}"
+            )
         return self.wait(what, message, seconds)
 
     def weights(self, canary_bp: int) -> dict[str, int]:
@@ -370,8 +375,9 @@ class _Tick:
             return self.act(Action(Act.SET_CANARY_REVISION, revision=target), "pointing the canary pool at the target")
         if not canary.ready_on(target):
             self.ignore_flags("promote", "skip_step", why="the canary is not ready yet")
-            return self.wait_infra(Wait.CANARY, "waiting for the canary workers to run the target revision",
-                                   WORKER_POLL_SECONDS)
+            return self.wait_infra(
+                Wait.CANARY, "waiting for the canary workers to run the target revision", WORKER_POLL_SECONDS
+            )
         if s.gate == GateStatus.FAILED:
             return self.start_abort(f"consistency gate failed: {s.gate_message or 'outputs differ'}")
         if s.gate == GateStatus.PENDING:
@@ -412,8 +418,9 @@ class _Tick:
         self.d.phase = Phase.PAUSED
         self.d.progressed = True
         self.event("paused", message)
-        return self.wait(Wait.PERSON if reason == PauseReason.INCONCLUSIVE else Wait.PAUSE, message,
-                         self._pause_requeue())
+        return self.wait(
+            Wait.PERSON if reason == PauseReason.INCONCLUSIVE else Wait.PAUSE, message, self._pause_requeue()
+        )
 
     def _pause_requeue(self) -> float | None:
         step = self._current()
@@ -458,8 +465,11 @@ class _Tick:
             if self.now >= ends:
                 self.event("resumed", f"{where}: pause over")
                 return self.advance("step_completed", f"{where} done")
-            return self.wait(Wait.PAUSE, f"{where}: paused until {ends.isoformat(timespec='seconds')}",
-                             (ends - self.now).total_seconds())
+            return self.wait(
+                Wait.PAUSE,
+                f"{where}: paused until {ends.isoformat(timespec='seconds')}",
+                (ends - self.now).total_seconds(),
+            )
 
         assert isinstance(step, Analysis)
         run = w.analysis
@@ -471,8 +481,9 @@ class _Tick:
             return self.start_abort(f"{where} {run.phase.label}: {run.message}")
         if run.phase == AnalysisPhase.INCONCLUSIVE:
             if not any(c.reason == PauseReason.INCONCLUSIVE for c in self.d.pause_conditions):
-                return self.pause(PauseReason.INCONCLUSIVE, f"{where} inconclusive: {run.message}; "
-                                                            "promote to accept it, or abort")
+                return self.pause(
+                    PauseReason.INCONCLUSIVE, f"{where} inconclusive: {run.message}; promote to accept it, or abort"
+                )
             return self.wait(Wait.PERSON, f"{where} inconclusive: waiting for promote or abort", None)
         due = run.next_measurement_at
         if due is None or self.now >= due:
@@ -489,9 +500,11 @@ class _Tick:
         target = s.target_revision
         move = pool_move(w.stable, target)
         if move.kind != MoveKind.DONE:
-            carry = self.weights(0) if s.fast_track else {
-                role: (ALL_TRAFFIC_BP if role == "canary" else 0) for role in self.roles
-            }
+            carry = (
+                self.weights(0)
+                if s.fast_track
+                else {role: (ALL_TRAFFIC_BP if role == "canary" else 0) for role in self.roles}
+            )
             if not self.holds(carry):
                 who = "the stable pool" if s.fast_track else "the canary"
                 return self.act(Action(Act.SET_WEIGHTS, weights=carry), f"promoting: all traffic to {who}")
@@ -513,12 +526,17 @@ class _Tick:
     def _move_step(self, move: Move, revision: int, doing: str) -> Decision:
         if move.kind == MoveKind.MOVE:
             assert move.worker is not None
-            return self.act(Action(Act.MOVE_WORKER, worker_id=move.worker.id, revision=revision),
-                            f"{doing}: moving worker {move.worker.name}")
+            return self.act(
+                Action(Act.MOVE_WORKER, worker_id=move.worker.id, revision=revision),
+                f"{doing}: moving worker {move.worker.name}",
+            )
         if move.kind == MoveKind.WAIT and not (self.d.phase == Phase.ABORTING and self.overdue()):
             assert move.worker is not None
-            return self.wait_infra(Wait.STABLE_WORKER, f"{doing}: waiting for worker {move.worker.name} to "
-                                                       "report ready", WORKER_POLL_SECONDS)
+            return self.wait_infra(
+                Wait.STABLE_WORKER,
+                f"{doing}: waiting for worker {move.worker.name} to report ready",
+                WORKER_POLL_SECONDS,
+            )
         return self.act(Action(Act.FINALIZE_POOL, revision=revision), f"{doing}: pointing the stable pool at it")
 
     def _aborting(self) -> Decision:
@@ -530,20 +548,23 @@ class _Tick:
         overdue = self.overdue()
         off = self.weights(0)
         if not self.holds(off):
-            return self.act(Action(Act.SET_WEIGHTS, weights=off, require_ready=False),
-                            "aborting: canary weight to 0")
+            return self.act(Action(Act.SET_WEIGHTS, weights=off, require_ready=False), "aborting: canary weight to 0")
         if not w.acked and not overdue:
-            return self.wait(Wait.ACKS, "aborting: waiting for every gateway to ack canary weight 0",
-                             ACK_POLL_SECONDS)
+            return self.wait(Wait.ACKS, "aborting: waiting for every gateway to ack canary weight 0", ACK_POLL_SECONDS)
         if not w.canary.points_at(s.stable_revision):
-            return self.act(Action(Act.SET_CANARY_REVISION, revision=s.stable_revision),
-                            "aborting: canary workers back to the stable revision")
+            return self.act(
+                Action(Act.SET_CANARY_REVISION, revision=s.stable_revision),
+                "aborting: canary workers back to the stable revision",
+            )
         move = pool_move(w.stable, s.stable_revision)
         if move.kind != MoveKind.DONE:
             return self._move_step(move, s.stable_revision, "aborting: stable pool back")
         if not w.canary.all_live_on(s.stable_revision) and not overdue:
-            return self.wait(Wait.CANARY_BACK, "aborting: waiting for the canary workers to run the stable "
-                                               "revision", WORKER_POLL_SECONDS)
+            return self.wait(
+                Wait.CANARY_BACK,
+                "aborting: waiting for the canary workers to run the stable revision",
+                WORKER_POLL_SECONDS,
+            )
         left = [] if w.acked else ["not every gateway acked"]
         if not w.canary.all_live_on(s.stable_revision):
             left.append("some canary workers do not yet run the stable revision")
@@ -555,4 +576,3 @@ class _Tick:
         self.d.message = message
         self.d.requeue_seconds = None
         return self.d
-

@@ -1,6 +1,6 @@
 """The consistency gate: before a chunked target takes traffic, fixed prompts
 are replayed greedily on a canary worker and on a stable worker, and their
-token ids must be identical (DESIGN.md: chunks are groups of computation,
+token ids must be identical (docs/architecture.md, "Engine contract": chunks are groups of computation,
 never a restart of positions, so greedy output cannot change).
 
 The prompts are token-id lists, so their lengths are exact whatever the
@@ -78,23 +78,28 @@ def settings_errors(data: Any) -> list[str]:
         errors.append("max_tokens must be an integer from 1 to 256.")
     prompts = data.get("prompts", [])
     if not isinstance(prompts, list) or not all(
-        (isinstance(p, str) and p) or (isinstance(p, list) and p and all(
-            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in p)) for p in prompts
+        (isinstance(p, str) and p)
+        or (isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in p))
+        for p in prompts
     ):
         errors.append("prompts must be a list of non-empty strings or token-id lists.")
     return errors
 
 
-def default_prompts(chunk_cap: int, max_model_len: int, max_tokens: int,
-                    short_prompt_threshold: int | None = None) -> list[list[int]]:
+def default_prompts(
+    chunk_cap: int, max_model_len: int, max_tokens: int, short_prompt_threshold: int | None = None
+) -> list[list[int]]:
     """Token-id prompts crossing 1, 2 and 3 chunk boundaries (more, when
     the target prefills prompts up to ``short_prompt_threshold`` whole),
     each fitting the context with room for the output."""
     limit = context_limit(max_model_len, max_tokens)
     # Whole chunks added so the shortest prompt is past the short-prompt threshold.
     first = int(chunk_cap * DEFAULT_CHUNK_MULTIPLES[0])
-    offset = chunk_cap * ((short_prompt_threshold - first) // chunk_cap + 1) \
-        if short_prompt_threshold is not None and first <= short_prompt_threshold else 0
+    offset = (
+        chunk_cap * ((short_prompt_threshold - first) // chunk_cap + 1)
+        if short_prompt_threshold is not None and first <= short_prompt_threshold
+        else 0
+    )
     lengths = []
     for multiple in DEFAULT_CHUNK_MULTIPLES:
         n = int(chunk_cap * multiple) + offset
@@ -127,8 +132,9 @@ def chunks_crossed(prompt_len: int, chunk_cap: int, short_prompt_threshold: int 
     return max(0, (prompt_len - 1) // max(1, chunk_cap))
 
 
-def required_boundaries(chunk_cap: int, max_model_len: int, max_tokens: int,
-                        short_prompt_threshold: int | None = None) -> int:
+def required_boundaries(
+    chunk_cap: int, max_model_len: int, max_tokens: int, short_prompt_threshold: int | None = None
+) -> int:
     """``MIN_BOUNDARIES``, or fewer where the context cannot hold a prompt
     that long (0 max_model_len: unknown, so the full requirement)."""
     limit = context_limit(max_model_len, max_tokens)
@@ -137,8 +143,13 @@ def required_boundaries(chunk_cap: int, max_model_len: int, max_tokens: int,
     return min(MIN_BOUNDARIES, chunks_crossed(limit, chunk_cap, short_prompt_threshold))
 
 
-def prompt_errors(prompts: list[Prompt], chunk_cap: int, max_model_len: int, max_tokens: int,
-                  short_prompt_threshold: int | None = None) -> list[str]:
+def prompt_errors(
+    prompts: list[Prompt],
+    chunk_cap: int,
+    max_model_len: int,
+    max_tokens: int,
+    short_prompt_threshold: int | None = None,
+) -> list[str]:
     """Why the operator's prompts cannot make a real gate for this target;
     empty when they can (or may: a string's token count is known only
     when a worker tokenizes it, and ``run`` checks it then)."""
@@ -148,16 +159,19 @@ def prompt_errors(prompts: list[Prompt], chunk_cap: int, max_model_len: int, max
     limit = context_limit(max_model_len, max_tokens)
     for i, p in enumerate(prompts):
         if isinstance(p, list) and limit is not None and len(p) > limit:
-            errors.append(f"prompt #{i + 1} has {len(p)} tokens; the workers' context ({max_model_len}) "
-                          f"leaves room for at most {limit} with {max_tokens} output tokens.")
+            errors.append(
+                f"prompt #{i + 1} has {len(p)} tokens; the workers' context ({max_model_len}) "
+                f"leaves room for at most {limit} with {max_tokens} output tokens."
+            )
     need = required_boundaries(chunk_cap, max_model_len, max_tokens, short_prompt_threshold)
     most = max(chunks_crossed(_max_len(p), chunk_cap, short_prompt_threshold) for p in prompts)
     if most < need:
-        errors.append(f"the prompts must cross at least {need} chunk boundaries of the target (chunk cap "
-                      f"{chunk_cap} tokens): the longest needs more than {need * chunk_cap} tokens"
-                      + (f" and more than short_prompt_threshold {short_prompt_threshold}"
-                         if short_prompt_threshold else "")
-                      + f", but crosses at most {most}. Give longer prompts, or none for the default set.")
+        errors.append(
+            f"the prompts must cross at least {need} chunk boundaries of the target (chunk cap "
+            f"{chunk_cap} tokens): the longest needs more than {need * chunk_cap} tokens"
+            + (f" and more than short_prompt_threshold {short_prompt_threshold}" if short_prompt_threshold else "")
+            + f", but crosses at most {most}. Give longer prompts, or none for the default set."
+        )
     return errors
 
 
@@ -184,12 +198,19 @@ class Mismatch:
     stable_token: int | None
 
     def describe(self) -> str:
-        return (f"prompt #{self.prompt_index + 1} ({self.prompt_len} tokens) differs at output position "
-                f"{self.position}: canary {self.canary_token}, stable {self.stable_token}")
+        return (
+            f"prompt #{self.prompt_index + 1} ({self.prompt_len} tokens) differs at output position "
+            f"{self.position}: canary {self.canary_token}, stable {self.stable_token}"
+        )
 
     def to_json(self) -> dict[str, Any]:
-        return {"prompt_index": self.prompt_index, "prompt_len": self.prompt_len, "position": self.position,
-                "canary_token": self.canary_token, "stable_token": self.stable_token}
+        return {
+            "prompt_index": self.prompt_index,
+            "prompt_len": self.prompt_len,
+            "position": self.position,
+            "canary_token": self.canary_token,
+            "stable_token": self.stable_token,
+        }
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -214,8 +235,14 @@ def _at(ids: list[int], i: int) -> int | None:
 
 def replay(client: httpx.Client, base_url: str, prompt: Prompt, max_tokens: int) -> tuple[list[int], list[int]]:
     """Greedy completion on one worker: (prompt token ids, output token ids)."""
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-            "return_token_ids": True, "stream": False}
+    body = {
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+        "stream": False,
+    }
     try:
         response = client.post(base_url.rstrip("/") + "/v1/completions", json=body)
     except httpx.HTTPError as exc:
@@ -239,9 +266,17 @@ class GateOutcome:
     error: bool = False  # not a verdict: the replays could not show what the gate must (too few boundaries)
 
 
-def run(canary_url: str, stable_url: str, prompts: list[Prompt], max_tokens: int, chunk_cap: int,
-        timeout_seconds: float = TIMEOUT_SECONDS, *, min_boundaries: int = MIN_BOUNDARIES,
-        short_prompt_threshold: int | None = None) -> GateOutcome:
+def run(
+    canary_url: str,
+    stable_url: str,
+    prompts: list[Prompt],
+    max_tokens: int,
+    chunk_cap: int,
+    timeout_seconds: float = TIMEOUT_SECONDS,
+    *,
+    min_boundaries: int = MIN_BOUNDARIES,
+    short_prompt_threshold: int | None = None,
+) -> GateOutcome:
     """Replay every prompt on both workers and compare. Raises GateError when
     a replay could not be made; an error outcome (not a pass) when no
     prompt crossed ``min_boundaries`` chunk boundaries."""
@@ -257,16 +292,29 @@ def run(canary_url: str, stable_url: str, prompts: list[Prompt], max_tokens: int
     mismatches = compare(replays)
     crossed = max((chunks_crossed(r.prompt_len, chunk_cap, short_prompt_threshold) for r in replays), default=0)
     details = {
-        "canary_url": canary_url, "stable_url": stable_url, "chunk_cap": chunk_cap, "max_tokens": max_tokens,
-        "prompt_lengths": [r.prompt_len for r in replays], "max_chunk_boundaries_crossed": crossed,
-        "min_chunk_boundaries": min_boundaries, "mismatches": [m.to_json() for m in mismatches],
+        "canary_url": canary_url,
+        "stable_url": stable_url,
+        "chunk_cap": chunk_cap,
+        "max_tokens": max_tokens,
+        "prompt_lengths": [r.prompt_len for r in replays],
+        "max_chunk_boundaries_crossed": crossed,
+        "min_chunk_boundaries": min_boundaries,
+        "mismatches": [m.to_json() for m in mismatches],
     }
     if mismatches:
         return GateOutcome(False, mismatches[0].describe(), details)
     lengths = ", ".join(str(r.prompt_len) for r in replays)
     if crossed < min_boundaries:
-        return GateOutcome(False, f"the prompts ({lengths} tokens) crossed at most {crossed} chunk boundaries of "
-                                  f"{chunk_cap} tokens, fewer than the {min_boundaries} needed: identical output "
-                                  "proves nothing about chunking; give longer prompts", details, error=True)
-    return GateOutcome(True, f"{len(replays)} prompts ({lengths} tokens, up to {crossed} chunk boundaries) "
-                             "identical token for token", details)
+        return GateOutcome(
+            False,
+            f"the prompts ({lengths} tokens) crossed at most {crossed} chunk boundaries of "
+            f"{chunk_cap} tokens, fewer than the {min_boundaries} needed: identical output "
+            "proves nothing about chunking; give longer prompts",
+            details,
+            error=True,
+        )
+    return GateOutcome(
+        True,
+        f"{len(replays)} prompts ({lengths} tokens, up to {crossed} chunk boundaries) identical token for token",
+        details,
+    )

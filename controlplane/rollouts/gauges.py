@@ -1,22 +1,18 @@
 """Rollout gauges on the control plane's own ``/metrics`` (the metrics app's
-provider registry): one or two queries per scrape."""
+provider registry, where ``hooks.register`` puts them): one or two queries per scrape."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
+from django.db.models import Count
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from controlplane.metrics import exposition
 from controlplane.rollouts.evaluator import Phase
+from controlplane.rollouts.models import Rollout
 
 
-@exposition.register
 def rollout_gauges() -> Iterator[Metric]:
-    from django.db.models import Count
-
-    from controlplane.rollouts.models import Rollout
-
     by_phase = GaugeMetricFamily("chunkpilot_rollouts", "Rollouts by phase.", labels=["phase"])
     counts = dict(Rollout.objects.values_list("phase").annotate(n=Count("id")).values_list("phase", "n"))
     for each in Phase:
@@ -24,8 +20,9 @@ def rollout_gauges() -> Iterator[Metric]:
     yield by_phase
     labels = ["rollout", "pool", "canary_pool", "phase"]
     step = GaugeMetricFamily("chunkpilot_rollout_step", "Current step index of each unfinished rollout.", labels=labels)
-    weight = GaugeMetricFamily("chunkpilot_rollout_canary_weight_bp",
-                               "Canary weight (basis points) of each unfinished rollout.", labels=labels)
+    weight = GaugeMetricFamily(
+        "chunkpilot_rollout_canary_weight_bp", "Canary weight (basis points) of each unfinished rollout.", labels=labels
+    )
     paused = GaugeMetricFamily("chunkpilot_rollout_paused", "1 while a rollout waits for a person.", labels=labels)
     for rollout_id, pool, canary, phase_value, step_index, weights in Rollout.objects.active().values_list(
         "id", "stable_pool__name", "canary_pool__name", "phase", "step_index", "weights"

@@ -1,6 +1,6 @@
 """Canary rollouts: a pool of workers moved from a stable profile revision to
 a target revision in declared steps, with measured analysis, a consistency
-gate and one-click rollback. Argo Rollouts' semantics (DESIGN.md).
+gate and one-click rollback. Argo Rollouts' semantics (docs/architecture.md, "Rollouts").
 
 How a rollout uses the fleet and the routing table:
 
@@ -47,7 +47,10 @@ from django.core.exceptions import ValidationError
 from django.db import models, transaction
 from django.utils import timezone
 
-from controlplane import audit
+from controlplane import audit, live
+from controlplane.fleet.models import Worker
+from controlplane.metrics.figures import FIGURES
+from controlplane.rollouts import measure
 from controlplane.rollouts import steps as plan
 from controlplane.rollouts.evaluator import (
     Flags,
@@ -57,6 +60,7 @@ from controlplane.rollouts.evaluator import (
     Phase,
     RolloutState,
 )
+from controlplane.rollouts.forecast import AnalysisForecast, forecast
 from controlplane.rollouts.gate import (
     GateSettings,
     Prompt,
@@ -112,6 +116,9 @@ DEFAULT_METRICS: tuple[MetricRule, ...] = (
     MetricRule("stalls", "client_stall_p99", Direction.LOWER, Check.RATIO, max_ratio=1.5, floor=0.05),
     MetricRule("tpot", "client_tpot_p99", Direction.LOWER, Check.RATIO, max_ratio=1.5, floor=0.01),
     MetricRule("errors", "error_rate", Direction.LOWER, Check.ERROR_RATE, floor=0.01),
+    # Silent or timed-out canary streams fail the analysis outright: a wedged
+    # scheduler aborts before those requests would ever finish.
+    MetricRule("hanging", "timed_out_streams", Direction.LOWER, Check.HANGING, floor=0.0),
     # Requests finished per 100% of traffic (measure.py scales each pool by
     # its weight): a canary that falls behind its share finishes fewer. The
     # cohorts split by hash, not exactly, hence the wide ratio.
@@ -119,21 +126,34 @@ DEFAULT_METRICS: tuple[MetricRule, ...] = (
 )
 
 
-class AnalysisTemplate(models.Model):
+class AnalysisTemplate(audit.Audited, models.Model):
     """What an ``analysis`` step measures and how it decides (Argo's
     AnalysisTemplate). A run snapshots it when it starts, so an edit never
     changes a verdict under way."""
 
+    audit_name = "analysis_template"
+
     name = models.SlugField(max_length=100, unique=True)
     description = models.TextField(blank=True)
-    metrics = models.JSONField(default=list, help_text="[{name, figure, direction, test, max_ratio, floor, min_samples}]")
+    metrics = models.JSONField(
+        default=list, help_text="[{name, figure, direction, test, max_ratio, floor, min_samples}]"
+    )
     interval_seconds = models.FloatField(default=30.0, help_text="between measurements")
     count = models.PositiveIntegerField(default=3, help_text="measurements for a verdict")
     initial_delay_seconds = models.FloatField(default=0.0, help_text="before the first measurement")
-    window_seconds = models.FloatField(null=True, blank=True, help_text="each measurement looks back this far; empty: the interval")
+    window_seconds = models.FloatField(
+        null=True, blank=True, help_text="each measurement looks back this far; empty: the interval"
+    )
     failure_limit = models.PositiveIntegerField(default=0, help_text="failed measurements tolerated per metric")
-    inconclusive_limit = models.PositiveIntegerField(default=0, help_text="inconclusive measurements tolerated per metric")
+    inconclusive_limit = models.PositiveIntegerField(
+        default=0, help_text="inconclusive measurements tolerated per metric"
+    )
     consecutive_error_limit = models.PositiveIntegerField(default=2, help_text="errors in a row tolerated per metric")
+    sample_wait_seconds = models.FloatField(
+        default=0.0,
+        help_text="up to this long after the analysis starts, a measurement short of samples is not "
+        "counted and the next looks back to the start; 0: inconclusive at once",
+    )
     created = models.DateTimeField(default=timezone.now)
     updated = models.DateTimeField(default=timezone.now)
 
@@ -146,10 +166,14 @@ class AnalysisTemplate(models.Model):
     def spec(self) -> RunSpec:
         return RunSpec(
             metrics=tuple(MetricRule.from_json(m) for m in self.metrics),
-            interval_seconds=self.interval_seconds, count=self.count,
-            initial_delay_seconds=self.initial_delay_seconds, window_seconds=self.window_seconds,
-            failure_limit=self.failure_limit, inconclusive_limit=self.inconclusive_limit,
+            interval_seconds=self.interval_seconds,
+            count=self.count,
+            initial_delay_seconds=self.initial_delay_seconds,
+            window_seconds=self.window_seconds,
+            failure_limit=self.failure_limit,
+            inconclusive_limit=self.inconclusive_limit,
             consecutive_error_limit=self.consecutive_error_limit,
+            sample_wait_seconds=self.sample_wait_seconds,
         )
 
     @classmethod
@@ -158,11 +182,15 @@ class AnalysisTemplate(models.Model):
             name=plan.DEFAULT_TEMPLATE,
             defaults={
                 "description": "TTFT, ITL, stalls and TPOT P99 within 1.5× the baseline (with absolute floors), "
-                               "no significant rise in the error rate, and throughput per share of traffic at "
-                               "least half the baseline's.",
+                "no significant rise in the error rate, and throughput per share of traffic at "
+                "least half the baseline's.",
                 "metrics": [m.to_json() for m in DEFAULT_METRICS],
-                "interval_seconds": 60.0, "count": 3, "initial_delay_seconds": 30.0,
-                "failure_limit": 0, "inconclusive_limit": 1, "consecutive_error_limit": 2,
+                "interval_seconds": 60.0,
+                "count": 3,
+                "initial_delay_seconds": 30.0,
+                "failure_limit": 0,
+                "inconclusive_limit": 1,
+                "consecutive_error_limit": 2,
             },
         )
         return template
@@ -173,6 +201,8 @@ class AnalysisTemplate(models.Model):
             value = getattr(self, name)
             if value is None or value < 0 or (name == "interval_seconds" and value <= 0):
                 errors.setdefault(name, []).append("must be a positive number of seconds.")
+        if self.sample_wait_seconds is None or self.sample_wait_seconds < 0:
+            errors.setdefault("sample_wait_seconds", []).append("must be 0 (off) or a positive number of seconds.")
         if self.window_seconds is not None and self.window_seconds <= 0:
             errors.setdefault("window_seconds", []).append("must be a positive number of seconds, or empty.")
         if not self.count:
@@ -183,8 +213,6 @@ class AnalysisTemplate(models.Model):
 
 def metrics_errors(metrics: Any) -> dict[str, list[str]]:
     """Field errors for a template's ``metrics`` list, each naming its position."""
-    from controlplane.metrics.figures import FIGURES
-
     if not isinstance(metrics, list) or not metrics:
         return {"metrics": ["must be a non-empty list of metric rules."]}
     problems: list[str] = []
@@ -208,12 +236,13 @@ def metrics_errors(metrics: Any) -> dict[str, list[str]]:
             problems.append(f"{where}: figure must be one of the registry's ({', '.join(sorted(FIGURES))}).")
         if m.get("direction", "lower") not in ("lower", "higher"):
             problems.append(f"{where}: direction is lower or higher.")
-        if m.get("test", "ratio") not in ("ratio", "error_rate"):
-            problems.append(f"{where}: test is ratio or error_rate.")
+        if m.get("test", "ratio") not in ("ratio", "error_rate", "hanging"):
+            problems.append(f"{where}: test is ratio, error_rate or hanging.")
         for key, lo, hi in (("max_ratio", 1.0, 1e6), ("floor", 0.0, 1e9), ("confidence", 0.5, 0.9999)):
             value = m.get(key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
-                                      or not lo <= value <= hi):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi
+            ):
                 problems.append(f"{where}: {key} must be a number from {lo:g} to {hi:g}.")
         samples = m.get("min_samples")
         if samples is not None and (isinstance(samples, bool) or not isinstance(samples, int) or samples < 1):
@@ -233,16 +262,19 @@ class RolloutQuerySet(models.QuerySet["Rollout"]):
         return self.active().filter(next_run_at__lt=now - timedelta(seconds=grace_seconds))
 
 
-class Rollout(models.Model):
+class Rollout(audit.Audited, models.Model):
+    audit_name = "rollout"
     Phase = Phase
 
     # ---- what it rolls --------------------------------------------------------
     routing_table = models.ForeignKey("gateway.RoutingTable", on_delete=models.PROTECT, related_name="rollouts")
-    stable_pool = models.ForeignKey("fleet.Pool", on_delete=models.PROTECT, related_name="rollouts",
-                                    help_text="the pool being moved (role stable)")
+    stable_pool = models.ForeignKey(
+        "fleet.Pool", on_delete=models.PROTECT, related_name="rollouts", help_text="the pool being moved (role stable)"
+    )
     canary_pool = models.ForeignKey("fleet.Pool", on_delete=models.PROTECT, related_name="canary_rollouts")
-    baseline_pool = models.ForeignKey("fleet.Pool", null=True, blank=True, on_delete=models.PROTECT,
-                                      related_name="baseline_rollouts")
+    baseline_pool = models.ForeignKey(
+        "fleet.Pool", null=True, blank=True, on_delete=models.PROTECT, related_name="baseline_rollouts"
+    )
     stable_revision = models.ForeignKey("profiles.ProfileRevision", on_delete=models.PROTECT, related_name="+")
     target_revision = models.ForeignKey("profiles.ProfileRevision", on_delete=models.PROTECT, related_name="+")
     steps = models.JSONField(default=list, help_text="the step plan (steps.py)")
@@ -250,8 +282,9 @@ class Rollout(models.Model):
     gate = models.JSONField(default=dict, blank=True, help_text="consistency gate: {enabled, prompts, max_tokens}")
     fast_track = models.BooleanField(default=False, help_text="a rollback: no steps, no gate")
     rollback_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="rollbacks")
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
-                                   related_name="+")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     created = models.DateTimeField(default=timezone.now)
 
     # ---- status (the reconciler writes these) ------------------------------------
@@ -278,10 +311,15 @@ class Rollout(models.Model):
     retry_requested = models.BooleanField(default=False)
 
     # ---- scheduling -------------------------------------------------------------
-    next_run_at = models.DateTimeField(null=True, blank=True, db_index=True,
-                                       help_text="when reconcile should next run; the sweeper restarts overdue ones")
-    schedule_token = models.CharField(max_length=32, blank=True,
-                                      help_text="the scheduled run that is current; older ones exit")
+    next_run_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        db_index=True,
+        help_text="when reconcile should next run; the sweeper restarts overdue ones",
+    )
+    schedule_token = models.CharField(
+        max_length=32, blank=True, help_text="the scheduled run that is current; older ones exit"
+    )
     updated_at = models.DateTimeField(default=timezone.now)
 
     objects = RolloutQuerySet.as_manager()
@@ -321,6 +359,23 @@ class Rollout(models.Model):
     def canary_weight_bp(self) -> int:
         return int(self.weights.get("canary", 0))
 
+    def sample_forecast(self, now: datetime | None = None) -> list[AnalysisForecast]:
+        """For each analysis step, how long it needs to reach its minimum
+        sample count at the model's traffic of the last few minutes."""
+        now = now or timezone.now()
+        steps = self.step_plan()
+        specs = {t.name: t.spec() for t in AnalysisTemplate.objects.filter(name__in=plan.templates_named(steps))}
+        members = list(self.routing_table.pools.select_related("pool"))
+        pools = {m.pool.name for m in members} | {self.stable_pool.name, self.canary_pool.name}
+        roles = frozenset(m.role for m in members) | ({"baseline"} if self.baseline_pool_id else set())
+        return forecast(
+            steps,
+            specs,
+            measure.requests_per_second(pools, now),
+            roles=roles,
+            has_baseline=self.baseline_pool_id is not None,
+        )
+
     def state(self) -> RolloutState:
         """The row as the evaluator takes it."""
         return RolloutState(
@@ -347,10 +402,16 @@ class Rollout(models.Model):
 
     def audit_state(self) -> dict[str, Any]:
         return {
-            "phase": self.phase_label, "step_index": self.step_index, "weights": self.weights,
-            "stable_pool": self.stable_pool_id, "canary_pool": self.canary_pool_id,
-            "baseline_pool": self.baseline_pool_id, "stable_revision": self.stable_revision_id,
-            "target_revision": self.target_revision_id, "steps": self.steps, "fast_track": self.fast_track,
+            "phase": self.phase_label,
+            "step_index": self.step_index,
+            "weights": self.weights,
+            "stable_pool": self.stable_pool_id,
+            "canary_pool": self.canary_pool_id,
+            "baseline_pool": self.baseline_pool_id,
+            "stable_revision": self.stable_revision_id,
+            "target_revision": self.target_revision_id,
+            "steps": self.steps,
+            "fast_track": self.fast_track,
             "flags": [flag for flag, field in FLAG_FIELDS.items() if getattr(self, field)],
         }
 
@@ -379,27 +440,52 @@ class Rollout(models.Model):
         stable_revision = stable_revision or stable_pool.desired_revision
         if steps is None:
             steps = [] if fast_track else plan.to_json(plan.default_plan())
-        errors = creation_errors(routing_table, stable_pool, canary_pool, baseline_pool, stable_revision,
-                                 target_revision, steps, gate, progress_deadline_seconds, fast_track)
+        errors = creation_errors(
+            routing_table,
+            stable_pool,
+            canary_pool,
+            baseline_pool,
+            stable_revision,
+            target_revision,
+            steps,
+            gate,
+            progress_deadline_seconds,
+            fast_track,
+        )
         if errors:
             raise ValidationError(errors)
         if plan.DEFAULT_TEMPLATE in plan.templates_named(plan.parse(steps)):
             AnalysisTemplate.default()
         with transaction.atomic():
             rollout = cls.objects.create(
-                routing_table=routing_table, stable_pool=stable_pool, canary_pool=canary_pool,
-                baseline_pool=baseline_pool, stable_revision=stable_revision, target_revision=target_revision,
-                steps=steps, progress_deadline_seconds=progress_deadline_seconds, gate=gate or {},
-                fast_track=fast_track, rollback_of=rollback_of,
+                routing_table=routing_table,
+                stable_pool=stable_pool,
+                canary_pool=canary_pool,
+                baseline_pool=baseline_pool,
+                stable_revision=stable_revision,
+                target_revision=target_revision,
+                steps=steps,
+                progress_deadline_seconds=progress_deadline_seconds,
+                gate=gate or {},
+                fast_track=fast_track,
+                rollback_of=rollback_of,
                 created_by=actor if getattr(actor, "is_authenticated", False) else None,
-                created=now, progress_at=now, next_run_at=now, weights=routing_table.weights(),
+                created=now,
+                progress_at=now,
+                next_run_at=now,
+                weights=routing_table.weights(),
             )
             rollout.gate_status = GateStatus.PENDING if rollout.gate_required() else GateStatus.SKIPPED
             rollout.save(update_fields=["gate_status"])
             verb = "rollback" if fast_track else "create"
             audit.record(actor, f"rollout.{verb}", rollout, None, rollout.audit_state(), time=now)
-            rollout.record("created", f"{'rollback' if fast_track else 'rollout'} of {stable_pool.name} from "
-                                      f"{stable_revision} to {target_revision} created", actor_name(actor), now=now)
+            rollout.record(
+                "created",
+                f"{'rollback' if fast_track else 'rollout'} of {stable_pool.name} from "
+                f"{stable_revision} to {target_revision} created",
+                actor_name(actor),
+                now=now,
+            )
             rollout.kick()
             rollout.changed()
         return rollout
@@ -407,13 +493,22 @@ class Rollout(models.Model):
     def rollback(self, actor: Actor, *, now: datetime | None = None) -> Rollout:
         """Back to the revision before this (succeeded) rollout, fast-tracked."""
         if self.phase != Phase.SUCCEEDED:
-            raise ValidationError({"non_field_errors": ["only a succeeded rollout can be rolled back; abort a "
-                                                        "running one instead."]})
+            raise ValidationError(
+                {"non_field_errors": ["only a succeeded rollout can be rolled back; abort a running one instead."]}
+            )
         return Rollout.start(
-            routing_table=self.routing_table, stable_pool=self.stable_pool, canary_pool=self.canary_pool,
-            baseline_pool=self.baseline_pool, stable_revision=self.target_revision,
-            target_revision=self.stable_revision, steps=[], fast_track=True, rollback_of=self, actor=actor,
-            progress_deadline_seconds=self.progress_deadline_seconds, now=now,
+            routing_table=self.routing_table,
+            stable_pool=self.stable_pool,
+            canary_pool=self.canary_pool,
+            baseline_pool=self.baseline_pool,
+            stable_revision=self.target_revision,
+            target_revision=self.stable_revision,
+            steps=[],
+            fast_track=True,
+            rollback_of=self,
+            actor=actor,
+            progress_deadline_seconds=self.progress_deadline_seconds,
+            now=now,
         )
 
     # ---- buttons: set a flag, audit, kick ---------------------------------------
@@ -431,8 +526,13 @@ class Rollout(models.Model):
                 self.refresh_from_db(fields=["phase", "abort_requested", "abort_reason"])
                 return not self.is_finished
             self.abort_requested, self.abort_reason = True, text
-            audit.record(actor, "rollout.abort", self, {"abort_requested": False},
-                         {"abort_requested": True, "reason": reason, "source": source})
+            audit.record(
+                actor,
+                "rollout.abort",
+                self,
+                {"abort_requested": False},
+                {"abort_requested": True, "reason": reason, "source": source},
+            )
             self.record("abort_requested", text, who, data={"reason": reason, "source": source})
             self.kick()  # first: the reconciler must not wait for a page to be told
             self.changed()
@@ -451,8 +551,9 @@ class Rollout(models.Model):
         verb = flag.replace("_", "-")
         with transaction.atomic():
             phases = [p for p in Phase if allowed(p)]
-            claimed = Rollout.objects.filter(pk=self.pk, phase__in=phases).update(**{field: True},
-                                                                                  updated_at=timezone.now())
+            claimed = Rollout.objects.filter(pk=self.pk, phase__in=phases).update(
+                **{field: True}, updated_at=timezone.now()
+            )
             if not claimed:
                 self.refresh_from_db(fields=["phase"])
                 raise ValidationError({"non_field_errors": [f"cannot {verb} a rollout that is {self.phase_label}."]})
@@ -464,26 +565,38 @@ class Rollout(models.Model):
 
     def kick(self) -> None:
         """Reconcile now (after this transaction commits)."""
+        # Imported here: tasks.py imports this module.
         from controlplane.rollouts.tasks import reconcile
 
         rollout_id = self.pk
         transaction.on_commit(lambda: reconcile.delay(rollout_id))
 
     # ---- the timeline ----------------------------------------------------------------
-    def record(self, kind: str, message: str, actor: str = "", *, data: dict[str, Any] | None = None,
-               now: datetime | None = None) -> RolloutEvent:
+    def record(
+        self,
+        kind: str,
+        message: str,
+        actor: str = "",
+        *,
+        data: dict[str, Any] | None = None,
+        now: datetime | None = None,
+    ) -> RolloutEvent:
         """One timeline entry. Callers push the change to live pages once per
         transaction (``changed()``), after whatever else must go out first."""
         return RolloutEvent.objects.create(
-            rollout=self, time=now or timezone.now(), kind=kind, message=message[:2000],
-            actor=actor or self.actor, phase=self.phase, step_index=self.step_index, data=data or {},
+            rollout=self,
+            time=now or timezone.now(),
+            kind=kind,
+            message=message[:2000],
+            actor=actor or self.actor,
+            phase=self.phase,
+            step_index=self.step_index,
+            data=data or {},
         )
 
     def changed(self) -> None:
         """Live pages re-render this rollout after the transaction commits."""
-        from controlplane.rollouts import live
-
-        live.rollout_changed(self.pk)
+        live.publish(live.Event.ROLLOUT_CHANGED, scopes=[self.pk], rollout_id=self.pk)
 
     def current_analysis(self) -> AnalysisRun | None:
         return self.analysis_runs.filter(attempt=self.attempt, step_index=self.step_index).first()
@@ -507,11 +620,16 @@ def creation_errors(
         errors.setdefault(field, []).append(message)
 
     roles = {m.pool_id: m.role for m in table.pools.all()}
-    for field, pool, role in (("stable_pool", stable_pool, "stable"), ("canary_pool", canary_pool, "canary"),
-                              ("baseline_pool", baseline_pool, "baseline")):
+    for field, pool, role in (
+        ("stable_pool", stable_pool, "stable"),
+        ("canary_pool", canary_pool, "canary"),
+        ("baseline_pool", baseline_pool, "baseline"),
+    ):
         if pool is not None and roles.get(pool.pk) != role:
             add(field, f"pool `{pool.name}` must be the {role} pool of the `{table.model}` routing table.")
-    if canary_pool.pk == stable_pool.pk or (baseline_pool is not None and baseline_pool.pk in (canary_pool.pk, stable_pool.pk)):
+    if canary_pool.pk == stable_pool.pk or (
+        baseline_pool is not None and baseline_pool.pk in (canary_pool.pk, stable_pool.pk)
+    ):
         add("canary_pool", "the stable, canary and baseline pools must be three different pools.")
     if stable_revision is None:
         add("stable_revision", "the stable pool has no desired revision; name the stable revision.")
@@ -527,25 +645,34 @@ def creation_errors(
         parsed = []
     if fast_track and parsed:
         add("steps", "a fast-tracked rollback has no steps.")
-    missing = plan.templates_named(parsed) - {plan.DEFAULT_TEMPLATE} - set(
-        AnalysisTemplate.objects.filter(name__in=plan.templates_named(parsed)).values_list("name", flat=True))
+    missing = (
+        plan.templates_named(parsed)
+        - {plan.DEFAULT_TEMPLATE}
+        - set(AnalysisTemplate.objects.filter(name__in=plan.templates_named(parsed)).values_list("name", flat=True))
+    )
     for name in sorted(missing):
         add("steps", f"analysis template `{name}` does not exist.")
     gate_errors = settings_errors(gate)
     if not gate_errors and not fast_track:
-        gate_errors = gate_prompt_errors(GateSettings.from_json(gate), target_revision,
-                                         [p for p in (stable_pool, canary_pool, baseline_pool) if p is not None])
+        gate_errors = gate_prompt_errors(
+            GateSettings.from_json(gate),
+            target_revision,
+            [p for p in (stable_pool, canary_pool, baseline_pool) if p is not None],
+        )
     for message in gate_errors:
         add("gate", message)
     if not (progress_deadline_seconds and progress_deadline_seconds > 0):
         add("progress_deadline_seconds", "must be a positive number of seconds.")
     busy = Rollout.objects.active().filter(
-        models.Q(routing_table=table) | models.Q(stable_pool__in=[stable_pool, canary_pool])
+        models.Q(routing_table=table)
+        | models.Q(stable_pool__in=[stable_pool, canary_pool])
         | models.Q(canary_pool__in=[stable_pool, canary_pool])
     )
     if (running := busy.first()) is not None:
-        add("non_field_errors", f"rollout {running.pk} is still running on this routing table or these pools; "
-                                "finish or abort it first.")
+        add(
+            "non_field_errors",
+            f"rollout {running.pk} is still running on this routing table or these pools; finish or abort it first.",
+        )
     if not fast_track and table.weights().get("canary", 0) != 0:
         add("canary_pool", "the canary pool already takes traffic; set its weight to 0 first.")
     return errors
@@ -555,8 +682,6 @@ def gate_prompt_errors(settings: GateSettings, target_revision: ProfileRevision,
     """The gate's prompts (the operator's or the default set) must cross
     enough chunk boundaries of the target, as far as the pools' workers'
     context allows (their shortest; unknown when none says)."""
-    from controlplane.fleet.models import Worker
-
     profile = target_revision.engine_profile()
     if not (settings.enabled and profile.is_chunked):
         return []

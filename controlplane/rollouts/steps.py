@@ -116,12 +116,21 @@ def _parse_one(item: Any) -> Step:
         duration = body.get("duration_seconds")
         if duration is None:
             return Pause(None)
-        if isinstance(duration, bool) or not isinstance(duration, int | float) or not math.isfinite(duration) \
-                or duration <= 0:
+        if (
+            isinstance(duration, bool)
+            or not isinstance(duration, int | float)
+            or not math.isfinite(duration)
+            or duration <= 0
+        ):
             raise ValueError("pause duration_seconds must be a positive number.")
         return Pause(float(duration))
     if kind == "analysis":
-        if not isinstance(body, dict) or not isinstance(body.get("template"), str) or not body["template"]:
+        if (
+            not isinstance(body, dict)
+            or not isinstance(body.get("template"), str)
+            or not body["template"]
+            or set(body) - {"template"}
+        ):
             raise ValueError('analysis is {"template": "<analysis template name>"}.')
         return Analysis(body["template"])
     raise ValueError(f'unknown step kind "{kind}"; one of set_weight, pause, analysis.')

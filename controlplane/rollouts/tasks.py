@@ -18,25 +18,28 @@ from django.db import InterfaceError, OperationalError
 from django.utils import timezone
 
 from controlplane.celery import app
-from controlplane.rollouts import conf
+from controlplane.rollouts import conf, controller
+from controlplane.rollouts.models import Rollout
 
 RETRIED = (OperationalError, InterfaceError, redis.ConnectionError, redis.TimeoutError)
 
 
-@app.task(name="rollouts.reconcile", autoretry_for=RETRIED, retry_backoff=1, retry_backoff_max=30,
-          retry_jitter=True, max_retries=20)
+@app.task(
+    name="rollouts.reconcile",
+    autoretry_for=RETRIED,
+    retry_backoff=1,
+    retry_backoff_max=30,
+    retry_jitter=True,
+    max_retries=20,
+)
 def reconcile(rollout_id: int, token: str | None = None) -> None:
-    from controlplane.rollouts import controller
-
     controller.drive(rollout_id, token)
 
 
 @app.task(name="rollouts.sweep", autoretry_for=RETRIED, retry_backoff=1, retry_backoff_max=30, max_retries=3)
 def sweep() -> list[int]:
     """Kick every unfinished rollout whose next run should have happened."""
-    from controlplane.rollouts.models import Rollout
-
-    grace = float(conf.get("ROLLOUT_SWEEP_GRACE_SECONDS"))
+    grace = conf.ROLLOUT_SWEEP_GRACE_SECONDS.get()
     overdue = list(Rollout.objects.overdue(timezone.now(), grace).values_list("pk", flat=True))
     for rollout_id in overdue:
         reconcile.delay(rollout_id)
@@ -45,5 +48,5 @@ def sweep() -> list[int]:
 
 @app.on_after_finalize.connect
 def schedule(sender: Any, **kwargs: Any) -> None:
-    interval = float(conf.get("ROLLOUT_SWEEP_INTERVAL_SECONDS"))
+    interval = conf.ROLLOUT_SWEEP_INTERVAL_SECONDS.get()
     sender.add_periodic_task(interval, sweep.s(), name="rollout sweeper", expires=interval)

@@ -1,8 +1,7 @@
-from rest_framework.routers import SimpleRouter
-
+from controlplane.accounts.inputs import ApiRouter
 from controlplane.rollouts.api import AnalysisTemplateViewSet, RolloutViewSet
 
-router = SimpleRouter()
+router = ApiRouter()
 router.register("rollouts", RolloutViewSet, basename="rollout")
 router.register("analysis-templates", AnalysisTemplateViewSet, basename="analysis-template")
 urlpatterns = router.urls

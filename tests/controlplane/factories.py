@@ -20,7 +20,9 @@ _seq = itertools.count(1)
 
 def make_user(role: Role, username: str | None = None, password: str | None = None) -> Any:
     # No password unless a test logs in with one: hashing costs ~0.2 s each.
-    user = get_user_model().objects.create_user(username=username or f"{role.group_name}{next(_seq)}", password=password)
+    user = get_user_model().objects.create_user(
+        username=username or f"{role.group_name}{next(_seq)}", password=password
+    )
     grant_role(user, role)
     return user
 

@@ -1,5 +1,5 @@
 """``manage.py demo`` for real, on the embedded default: it comes up, the
-admin can log in, its three workers register and reach their pools'
+admin can log in, its four workers (one a lab worker) register and reach their pools'
 revisions, and Ctrl-C leaves no process and no Redis behind."""
 
 from __future__ import annotations
@@ -57,8 +57,18 @@ def gateway_requests(port: int) -> float:
 
 def test_demo_runs_everything_and_ctrl_c_stops_it_cleanly(tmp_path: Path, tiny_model: Path) -> None:
     port, gateway_port = free_port(), free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "CHUNKPILOT_TEST_DB", "CELERY_QUEUE", "CHANNELS_PREFIX")}
-    env.update(CHUNKPILOT_DATA_DIR=str(tmp_path), CHUNKPILOT_PORT=str(port), CHUNKPILOT_GATEWAY_PORT=str(gateway_port), CHUNKPILOT_ADMIN_PASSWORD="demo-secret", PYTHONUNBUFFERED="1")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DATABASE_URL", "REDIS_URL", "CHUNKPILOT_TEST_DB", "CELERY_QUEUE", "CHANNELS_PREFIX")
+    }
+    env.update(
+        CHUNKPILOT_DATA_DIR=str(tmp_path),
+        CHUNKPILOT_PORT=str(port),
+        CHUNKPILOT_GATEWAY_PORT=str(gateway_port),
+        CHUNKPILOT_ADMIN_PASSWORD="demo-secret",
+        PYTHONUNBUFFERED="1",
+    )
     demo = Process([PYTHON, "manage.py", "demo", "--model", str(tiny_model)], env=env, log_path=tmp_path / "demo.out")
     try:
         demo.wait_for_output("Chunkpilot is running.", timeout=240)
@@ -70,11 +80,11 @@ def test_demo_runs_everything_and_ctrl_c_stops_it_cleanly(tmp_path: Path, tiny_m
             deadline = time.monotonic() + 180
             while time.monotonic() < deadline:
                 rows = browser.get("/", headers={"HX-Request": "true"}).text
-                if rows.count('data-state="ready"') == 3:
+                if rows.count('data-state="ready"') == 4:
                     break
                 time.sleep(1)
-            assert rows.count('data-state="ready"') == 3, rows
-            assert rows.count(">in step<") == 3, "each worker runs its pool's revision"
+            assert rows.count('data-state="ready"') == 4, rows  # with the lab worker experiments run on
+            assert rows.count(">in step<") == 4, "each worker runs its pool's revision"
         finally:
             browser.close()
         key = demo.output().split(" key ", 1)[1].split(")", 1)[0]
@@ -94,7 +104,7 @@ def test_demo_runs_everything_and_ctrl_c_stops_it_cleanly(tmp_path: Path, tiny_m
         assert gateway_requests(gateway_port) >= 3
         assert "long-tail mix at 0.5 req/s" in demo.output()
         assert embedded.socket_path(tmp_path).exists()
-        assert len(processes_using(tmp_path)) >= 8  # demo, web, celery ×2+, beat, 3 workers, traffic, redis
+        assert len(processes_using(tmp_path)) >= 8  # demo, web, celery ×2+, beat, 4 workers, traffic, redis
 
         os.kill(demo.pid, signal.SIGINT)
         demo.popen.wait(60)

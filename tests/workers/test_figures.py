@@ -1,4 +1,4 @@
-"""DESIGN.md's figures from hand-made records: the arithmetic the bench,
+"""The figures ("Metrics" in docs/architecture.md) from hand-made records: the arithmetic the bench,
 the load generator and the server share."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from workers import figures
-from workers.engine_api import RequestMetrics, StepMetrics
+from workers.engines.api import RequestMetrics, StepMetrics
 
 
 def request(arrival: float, tokens: list[float], prompt: int = 10, scheduled: float | None = None) -> RequestMetrics:
@@ -21,11 +21,29 @@ def request(arrival: float, tokens: list[float], prompt: int = 10, scheduled: fl
     )
 
 
-def step(start: float, duration: float, memory: int, peak: int | None = None, held: int = 2, stored: int = 20, waits: list[float] | None = None) -> StepMetrics:
+def step(
+    start: float,
+    duration: float,
+    memory: int,
+    peak: int | None = None,
+    held: int = 2,
+    stored: int = 20,
+    waits: list[float] | None = None,
+) -> StepMetrics:
     return StepMetrics(
-        start_time=start, duration_seconds=duration, num_prefill_tokens=0, num_decode_tokens=1, num_running=1,
-        num_waiting=0, num_blocks_held=held, num_tokens_stored=stored, block_size=16, num_blocks_total=100,
-        memory_bytes=memory, peak_memory_bytes=peak if peak is not None else memory, prefill_chunk_waits=waits or [],
+        start_time=start,
+        duration_seconds=duration,
+        num_prefill_tokens=0,
+        num_decode_tokens=1,
+        num_running=1,
+        num_waiting=0,
+        num_blocks_held=held,
+        num_tokens_stored=stored,
+        block_size=16,
+        num_blocks_total=100,
+        memory_bytes=memory,
+        peak_memory_bytes=peak if peak is not None else memory,
+        prefill_chunk_waits=waits or [],
     )
 
 
@@ -101,16 +119,34 @@ def test_gaps_overlapping_a_long_prefill() -> None:
 
 def test_prompt_buckets_follow_design() -> None:
     assert [figures.prompt_bucket(n) for n in (1, 512, 513, 2048, 8192, 32768, 40000)] == [
-        "<=512", "<=512", "<=2K", "<=2K", "<=8K", "<=32K", ">32K"
+        "<=512",
+        "<=512",
+        "<=2K",
+        "<=2K",
+        "<=8K",
+        "<=32K",
+        ">32K",
     ]
 
 
 def test_summarize_reports_every_design_figure() -> None:
     reqs = [request(0, [0.5, 0.6, 0.7]), request(0.2, [1.0, 1.5], prompt=1500)]
     out = figures.summarize(reqs, [step(0, 0.5, 100), step(0.5, 0.5, 200)], 2.0, figures.SLO(1.0, 0.2))
-    for key in ("ttft_p99_seconds", "itl_p99_seconds", "stall_p99_seconds", "tpot_p50_seconds", "queue_p99_seconds",
-                "output_throughput_tps", "goodput_rps", "memory_peak_over_mean", "kv_fragmentation_mean",
-                "prefill_wait_p99_seconds", "preemptions", "prefix_hit_rate", "prefill_share"):
+    for key in (
+        "ttft_p99_seconds",
+        "itl_p99_seconds",
+        "stall_p99_seconds",
+        "tpot_p50_seconds",
+        "queue_p99_seconds",
+        "output_throughput_tps",
+        "goodput_rps",
+        "memory_peak_over_mean",
+        "kv_fragmentation_mean",
+        "prefill_wait_p99_seconds",
+        "preemptions",
+        "prefix_hit_rate",
+        "prefill_share",
+    ):
         assert key in out
     assert out["output_throughput_tps"] == 2.5
     assert out["goodput_rps"] == 0.5

@@ -43,8 +43,11 @@ def timed_source(seen_headers: list[dict[str, str]], *, status: int = 200, unrea
             return JSONResponse({"choices": [{"text": "x"}], "usage": {"prompt_tokens": 600, "completion_tokens": 1}})
         seen_headers.append(dict(request.headers))
         if status != 200:
-            return JSONResponse({"error": {"message": "full", "type": "rate_limit_error"}}, status_code=status,
-                                headers={"Retry-After": "1"})
+            return JSONResponse(
+                {"error": {"message": "full", "type": "rate_limit_error"}},
+                status_code=status,
+                headers={"Retry-After": "1"},
+            )
 
         async def events():
             for i, delay in enumerate(DELAYS):
@@ -64,7 +67,10 @@ def timed_source(seen_headers: list[dict[str, str]], *, status: int = 200, unrea
 def loadgen(url: str, *extra: str) -> dict:
     out = subprocess.run(
         [PYTHON, "-m", "workers", "loadgen", "--url", url, "--json", *extra],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode in (0, 1), out.stderr
     return json.loads(out.stdout)
@@ -73,8 +79,21 @@ def loadgen(url: str, *extra: str) -> dict:
 def test_client_side_ttft_itl_tpot_and_stall_are_measured_per_request():
     seen: list[dict[str, str]] = []
     with ThreadedServer(timed_source(seen)) as server:
-        result = loadgen(server.url, "--scenario", "burst", "--duration", "1", "--rate", "2",
-                         "--burst-period", "1", "--sticky-keys", "3", "--api-key", "sk-test")
+        result = loadgen(
+            server.url,
+            "--scenario",
+            "burst",
+            "--duration",
+            "1",
+            "--rate",
+            "2",
+            "--burst-period",
+            "1",
+            "--sticky-keys",
+            "3",
+            "--api-key",
+            "sk-test",
+        )
     records = result["requests"]
     assert len(records) == 2 and all(r["success"] for r in records)
     for r in records:
@@ -95,9 +114,29 @@ def test_rounds_replay_fresh_plans_once_the_server_serves():
     seen: list[dict[str, str]] = []
     with ThreadedServer(timed_source(seen, unready_calls=2)) as server:
         out = subprocess.run(
-            [PYTHON, "-m", "workers", "loadgen", "--url", server.url, "--json", "--scenario", "long-tail",
-             "--duration", "2", "--rate", "3", "--rounds", "2", "--wait", "10"],
-            cwd=ROOT, capture_output=True, text=True, timeout=120,
+            [
+                PYTHON,
+                "-m",
+                "workers",
+                "loadgen",
+                "--url",
+                server.url,
+                "--json",
+                "--scenario",
+                "long-tail",
+                "--duration",
+                "2",
+                "--rate",
+                "3",
+                "--rounds",
+                "2",
+                "--wait",
+                "10",
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
     assert out.returncode == 0, out.stderr
     decoder, text, rounds = json.JSONDecoder(), out.stdout.strip(), []
@@ -118,7 +157,10 @@ def test_a_server_that_never_serves_is_an_error_after_the_wait():
     with ThreadedServer(timed_source([], unready_calls=10**6)) as server:
         out = subprocess.run(
             [PYTHON, "-m", "workers", "loadgen", "--url", server.url, "--duration", "1", "--wait", "2"],
-            cwd=ROOT, capture_output=True, text=True, timeout=60,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
     assert out.returncode == 2 and "is not serving" in out.stderr and "503" in out.stderr
 
@@ -158,8 +200,19 @@ def test_goodput_counts_requests_within_every_slo():
     slos = parse_slos(["ttft:500", "tpot:50"])
 
     def rec(ttft, tpot, ok=True):
-        return RequestRecord(0, "completions", None, 200, ok, ttft_seconds=ttft, tpot_seconds=tpot,
-                             latency_seconds=1.0, output_tokens=10, prompt_tokens=5, itl_seconds=[tpot])
+        return RequestRecord(
+            0,
+            "completions",
+            None,
+            200,
+            ok,
+            ttft_seconds=ttft,
+            tpot_seconds=tpot,
+            latency_seconds=1.0,
+            output_tokens=10,
+            prompt_tokens=5,
+            itl_seconds=[tpot],
+        )
 
     records = [rec(0.1, 0.01), rec(0.6, 0.01), rec(0.1, 0.2), rec(0.1, 0.01, ok=False)]
     assert [meets_slos(r, slos) for r in records] == [True, False, False, False]

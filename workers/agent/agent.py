@@ -99,7 +99,13 @@ class Agent:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             json.dump(
-                {"control_plane": self.client.base_url, "name": self.name, "worker_id": self.worker_id, "secret": self.secret}, f
+                {
+                    "control_plane": self.client.base_url,
+                    "name": self.name,
+                    "worker_id": self.worker_id,
+                    "secret": self.secret,
+                },
+                f,
             )
         tmp.replace(self.state_file)
 
@@ -124,6 +130,7 @@ class Agent:
         )
 
     def heartbeat_request(self) -> HeartbeatRequest:
+        self.host.check_health()
         load = self.host.load()
         running = self.host.running
         return HeartbeatRequest(
@@ -138,6 +145,11 @@ class Agent:
             running_profile=running.profile.to_dict(),
             hardware=self.hardware,
             apply_error=self.apply_error or self.host.load_error,
+            # Every beat says where the worker listens now: one restarted on
+            # a new port with the same state file keeps its secret and never
+            # registers again, so the control plane learns the URL here.
+            url=self.url,
+            health_error=self.host.health_error,
         )
 
     # ---- the loop ----------------------------------------------------------------------
@@ -219,7 +231,7 @@ class Agent:
             self._failed_revision_id = revision_id
             self.apply_error = f"revision {revision_id}: {exc}"
             log.error("could not apply profile revision %s: %s", revision_id, exc)
-        except Exception as exc:  # noqa: BLE001 — reported, never fatal to serving
+        except Exception as exc:
             self._failed_revision_id = revision_id
             self.apply_error = f"revision {revision_id}: {type(exc).__name__}: {exc}"
             log.exception("applying profile revision %s crashed", revision_id)

@@ -29,7 +29,9 @@ class Unauthorized(ControlPlaneError):
 
 
 class ControlPlaneClient:
-    def __init__(self, base_url: str, *, timeout_seconds: float = 5.0, transport: httpx.AsyncBaseTransport | None = None):
+    def __init__(
+        self, base_url: str, *, timeout_seconds: float = 5.0, transport: httpx.AsyncBaseTransport | None = None
+    ):
         self.base_url = base_url.rstrip("/")
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_seconds, transport=transport)
 

@@ -31,7 +31,7 @@ def detect_hardware(device: str = "auto") -> Hardware:
     cpu_count = os.cpu_count() or 1
     if device in ("auto", "cuda"):
         try:
-            import torch
+            import torch  # only where a GPU may be in use, and optional (ImportError below)
 
             if torch.cuda.is_available():
                 props = torch.cuda.get_device_properties(0)
@@ -44,4 +44,6 @@ def detect_hardware(device: str = "auto") -> Hardware:
                 )
         except ImportError:
             pass
-    return Hardware(device="cpu", name=_cpu_name(), num_devices=1, memory_bytes=_host_memory_bytes(), cpu_count=cpu_count)
+    return Hardware(
+        device="cpu", name=_cpu_name(), num_devices=1, memory_bytes=_host_memory_bytes(), cpu_count=cpu_count
+    )

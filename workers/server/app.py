@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import uuid
@@ -29,8 +30,16 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Lifespan, Receive, Scope, Send
 
-from workers.engine_api import AsyncEngine, EngineError, RequestError, RequestOutput
+from workers.engines.api import (
+    AsyncEngine,
+    EngineError,
+    RequestError,
+    RequestFailed,
+    RequestMetrics,
+    RequestOutput,
+)
 from workers.server import protocol as p
+from workers.server.facts import EXTENSION_KEY, request_facts
 from workers.server.host import READY, EngineHost, QueueFull, Ticket, Unavailable
 from workers.server.metrics import CONTENT_TYPE, MetricsExporter
 
@@ -40,6 +49,40 @@ RETRY_AFTER_SECONDS = 1
 # Tokenize long prompts off the event loop, so that one 30K-token prompt does
 # not hold up every other stream's next chunk.
 THREAD_TOKENIZE_CHARS = 16_000
+# Parse large bodies off the event loop too (JSON decoding holds the loop).
+THREAD_PARSE_BYTES = 1 << 20
+# A request body larger than this is refused (413) while it is read, or at
+# once when its Content-Length says so: a prompt cannot be longer than the
+# context anyway, and reading and tokenizing 20 MB held /health up for seconds.
+DEFAULT_MAX_REQUEST_BYTES = 8 << 20
+
+
+def max_request_bytes_for(max_model_len: int | None) -> int:
+    """The default body limit: room for a full context of text (a token is
+    rarely more than 16 bytes of text or of JSON digits), at least 8 MiB."""
+    return max(DEFAULT_MAX_REQUEST_BYTES, 64 * (max_model_len or 0))
+
+
+def too_large(limit: int) -> p.ApiError:
+    return p.ApiError(
+        f"The request body is larger than this worker takes ({limit} bytes).",
+        status=413,
+        type="invalid_request_error",
+        code="request_too_large",
+    )
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, read as it streams in and refused as soon as it passes ``limit``."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large(limit)
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise too_large(limit)
+    return bytes(body)
 
 
 def error_response(error: p.ApiError) -> JSONResponse:
@@ -70,7 +113,7 @@ class EventStreamResponse(StreamingResponse):
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        async with contextlib.aclosing(self.body_iterator):  # type: ignore[type-var]
+        async with contextlib.aclosing(self.body_iterator):
             await super().__call__(scope, receive, send)
 
 
@@ -111,17 +154,30 @@ class _Run:
     finished: bool = False
     num_output_tokens: int = 0
     num_cached_tokens: int = 0
+    finish_reason: str | None = None  # the final output's, kept for a non-streaming reply
+    stop_reason: int | str | None = None
+    metrics: RequestMetrics | None = None  # the final output's: the engine's record of the request
 
 
 class OpenAIServer:
-    def __init__(self, host: EngineHost, exporter: MetricsExporter, *, model_name: str, model_aliases: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        host: EngineHost,
+        exporter: MetricsExporter,
+        *,
+        model_name: str,
+        model_aliases: tuple[str, ...] = (),
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    ):
         self.host = host
         self.exporter = exporter
         self.model_name = model_name
         self.served = (model_name, *model_aliases)
+        self.max_request_bytes = max_request_bytes
 
     # ---- small endpoints ---------------------------------------------------------
     async def health(self, request: Request) -> Response:
+        self.host.check_health()
         body = self.host.describe()
         return JSONResponse(body, status_code=200 if self.host.state == READY else 503)
 
@@ -139,7 +195,11 @@ class OpenAIServer:
         return JSONResponse({"object": "list", "data": [card]})
 
     async def metrics(self, request: Request) -> Response:
-        return Response(self.exporter.render(), media_type=CONTENT_TYPE)
+        names = request.query_params.getlist("name[]")
+        # A whole page takes ~10 ms to render on the tiny model: off the event
+        # loop, so that the tokens streaming meanwhile are not held up by it.
+        body = self.exporter.render(names) if names else await asyncio.to_thread(self.exporter.render)
+        return Response(body, media_type=CONTENT_TYPE)
 
     # ---- completions ---------------------------------------------------------------
     async def completions(self, request: Request) -> Response:
@@ -150,9 +210,15 @@ class OpenAIServer:
 
     async def _serve(self, request: Request, kind: str) -> Response:
         try:
-            data = p.parse_json(await request.body())
-            p.check_model(data, self.served)
-            req = p.parse_completion(data) if kind == "completion" else p.parse_chat(data)
+            raw = await read_body(request, self.max_request_bytes)
+            parse = p.parse_completion if kind == "completion" else p.parse_chat
+
+            def parsed() -> p.CompletionRequest:
+                data = p.parse_json(raw)
+                p.check_model(data, self.served)
+                return parse(data)
+
+            req = await asyncio.to_thread(parsed) if len(raw) > THREAD_PARSE_BYTES else parsed()
         except p.ApiError as exc:
             return error_response(exc)
         prefix = "cmpl" if kind == "completion" else "chatcmpl"
@@ -175,7 +241,9 @@ class OpenAIServer:
             )
         return await _cancel_on_disconnect(request, self._run(ticket, req, response_id, request_ids))
 
-    async def _run(self, ticket: Ticket, req: p.CompletionRequest, response_id: str, request_ids: list[str]) -> Response:
+    async def _run(
+        self, ticket: Ticket, req: p.CompletionRequest, response_id: str, request_ids: list[str]
+    ) -> Response:
         engine = ticket.engine
         runs: list[_Run] = []
         handed_over = False
@@ -198,8 +266,12 @@ class OpenAIServer:
         """Tokenize, check the context, submit, and await each first output."""
         prompts: list[str | list[int]]
         if req.kind == "chat":
+            render = functools.partial(
+                engine.apply_chat_template, req.messages, add_generation_prompt=req.add_generation_prompt
+            )
             try:
-                prompts = [engine.apply_chat_template(req.messages, add_generation_prompt=req.add_generation_prompt)]
+                long = sum(len(m["content"]) for m in req.messages) > THREAD_TOKENIZE_CHARS
+                prompts = [await asyncio.to_thread(render) if long else render()]
             except RequestError as exc:
                 raise p.bad(str(exc), param=exc.field or "messages") from exc
         else:
@@ -219,9 +291,7 @@ class OpenAIServer:
                     token_ids = prompt
                 if not token_ids:
                     raise p.bad("`prompt` must not be empty.", param="prompt")
-                error = p.context_error(
-                    engine.max_model_len, len(token_ids), req.params.max_tokens, req.kind
-                )
+                error = p.context_error(engine.max_model_len, len(token_ids), req.params.max_tokens, req.kind)
                 if error is not None:
                     raise error
                 params = dataclasses.replace(req.params, stop=list(req.params.stop))
@@ -243,9 +313,15 @@ class OpenAIServer:
             raise p.bad(str(exc), param=exc.field) from exc
         except StopAsyncIteration as exc:
             raise p.ApiError("the engine ended the request without output.", status=500, type="server_error") from exc
+        except RequestFailed as exc:
+            # This request broke in the engine, which serves on: not worth a retry elsewhere.
+            raise p.ApiError(str(exc), status=500, type="server_error", code="request_failed") from exc
         except EngineError as exc:
             raise p.ApiError(
-                f"The engine failed: {exc}", status=503, type="service_unavailable", code="engine_error",
+                f"The engine failed: {exc}",
+                status=503,
+                type="service_unavailable",
+                code="engine_error",
                 headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
             ) from exc
         completion = first.outputs[0]
@@ -319,11 +395,12 @@ class OpenAIServer:
             return p.chat_logprobs(tokens, list(completion.logprobs))
         return p.completion_logprobs(tokens, list(completion.logprobs), offset)
 
-    async def _collect(self, engine: AsyncEngine, req: p.CompletionRequest, response_id: str, runs: list[_Run]) -> dict[str, Any]:
+    async def _collect(
+        self, engine: AsyncEngine, req: p.CompletionRequest, response_id: str, runs: list[_Run]
+    ) -> dict[str, Any]:
         texts = {r.index: [] for r in runs}  # type: dict[int, list[str]]
         token_ids: dict[int, list[int]] = {r.index: [] for r in runs}
         logprobs: dict[int, list[Any]] = {r.index: [] for r in runs}
-        finish: dict[int, tuple[str | None, Any]] = {}
         try:
             async with contextlib.aclosing(self._outputs(runs)) as outputs:
                 async for run, out in outputs:
@@ -337,13 +414,14 @@ class OpenAIServer:
                     if out.finished:
                         run.finished = True
                         run.num_cached_tokens = out.num_cached_tokens
-                        finish[run.index] = (completion.finish_reason, completion.stop_reason)
+                        run.metrics = out.metrics
+                        run.finish_reason, run.stop_reason = completion.finish_reason, completion.stop_reason
         except EngineError as exc:
             raise p.ApiError(f"The engine failed: {exc}", status=500, type="server_error") from exc
         choices = []
         for run in runs:
             text = "".join(texts[run.index])
-            reason, stop_reason = finish.get(run.index, (None, None))
+            reason, stop_reason = run.finish_reason, run.stop_reason
             if req.kind == "chat":
                 choice: dict[str, Any] = {
                     "index": run.index,
@@ -354,7 +432,9 @@ class OpenAIServer:
                 }
             else:
                 if req.echo:
-                    text = (run.prompt_text if run.prompt_text is not None else engine.decode(run.prompt_token_ids)) + text
+                    text = (
+                        run.prompt_text if run.prompt_text is not None else engine.decode(run.prompt_token_ids)
+                    ) + text
                 choice = {
                     "index": run.index,
                     "text": text,
@@ -378,7 +458,21 @@ class OpenAIServer:
                 sum(r.num_output_tokens for r in runs),
                 sum(r.num_cached_tokens for r in runs),
             ),
+            EXTENSION_KEY: self._facts(engine, runs),
         }
+
+    def _facts(self, engine: AsyncEngine, runs: list[_Run]) -> dict[str, Any]:
+        """What the engine knows of the request, for the gateway's log (``facts``)."""
+        running = self.host.running
+        return request_facts(
+            runs[0].metrics if runs else None,
+            engine_kind=engine.engine_kind,
+            prefill_mode=engine.profile.prefill_mode,
+            profile_name=running.name,
+            profile_revision=running.revision,
+            profile_revision_id=running.revision_id,
+            num_prompts=len(runs),
+        )
 
     async def _events(
         self, ticket: Ticket, engine: AsyncEngine, req: p.CompletionRequest, response_id: str, runs: list[_Run]
@@ -397,20 +491,35 @@ class OpenAIServer:
         envelope = json.dumps({**base, "choices": None}, separators=(",", ":"), ensure_ascii=False)
         envelope_head, _, envelope_tail = envelope.partition('"choices":null')
         text_key = '"delta":{"content":' if chat else '"text":'
-        fast_head = {
-            r.index: f'data: {envelope_head}"choices":[{{"index":{r.index},{text_key}'.encode() for r in runs
-        }
-        fast_tail = ('}' if chat else '') .encode() + f',"logprobs":null,"finish_reason":null}}]{envelope_tail}\n\n'.encode()
+        fast_head = {r.index: f'data: {envelope_head}"choices":[{{"index":{r.index},{text_key}'.encode() for r in runs}
+        fast_tail = (
+            "}" if chat else ""
+        ).encode() + f',"logprobs":null,"finish_reason":null}}]{envelope_tail}\n\n'.encode()
         try:
             if chat:
                 yield p.sse(
-                    {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]}
+                    {
+                        **base,
+                        "choices": [
+                            {
+                                "index": 0,
+                                "delta": {"role": "assistant", "content": ""},
+                                "logprobs": None,
+                                "finish_reason": None,
+                            }
+                        ],
+                    }
                 )
             elif req.echo:
                 for run in runs:
                     text = run.prompt_text if run.prompt_text is not None else engine.decode(run.prompt_token_ids)
                     offsets[run.index] = len(text)
-                    yield p.sse({**base, "choices": [{"index": run.index, "text": text, "logprobs": None, "finish_reason": None}]})
+                    yield p.sse(
+                        {
+                            **base,
+                            "choices": [{"index": run.index, "text": text, "logprobs": None, "finish_reason": None}],
+                        }
+                    )
             async with contextlib.aclosing(self._outputs(runs)) as outputs:
                 async for run, out in outputs:
                     completion = out.outputs[0]
@@ -418,6 +527,7 @@ class OpenAIServer:
                     if out.finished:
                         run.finished = True
                         run.num_cached_tokens = out.num_cached_tokens
+                        run.metrics = out.metrics
                     elif not completion.text:
                         continue  # tokens that do not yet decode to text (a split character)
                     lp = self._logprobs(engine, req, out, offsets[run.index])
@@ -425,7 +535,9 @@ class OpenAIServer:
                     if not out.finished and lp is None:
                         # The hot path, once per token or so: a prebuilt frame
                         # around the JSON-escaped text, no dict to build or encode.
-                        yield fast_head[run.index] + json.dumps(completion.text, ensure_ascii=False).encode() + fast_tail
+                        yield (
+                            fast_head[run.index] + json.dumps(completion.text, ensure_ascii=False).encode() + fast_tail
+                        )
                         continue
                     if chat:
                         choice: dict[str, Any] = {
@@ -454,6 +566,7 @@ class OpenAIServer:
                             sum(r.num_output_tokens for r in runs),
                             sum(r.num_cached_tokens for r in runs),
                         ),
+                        EXTENSION_KEY: self._facts(engine, runs),
                     }
                 )
         except EngineError as exc:
@@ -486,14 +599,19 @@ def build_app(
     model_name: str,
     model_aliases: tuple[str, ...] = (),
     lifespan: Lifespan[Any] | None = None,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
 ) -> Starlette:
-    server = OpenAIServer(host, exporter, model_name=model_name, model_aliases=model_aliases)
+    server = OpenAIServer(
+        host, exporter, model_name=model_name, model_aliases=model_aliases, max_request_bytes=max_request_bytes
+    )
 
     async def not_found(request: Request, exc: Exception) -> Response:
         return error_response(p.ApiError(f"no route {request.url.path}", status=404, type="not_found_error"))
 
     async def not_allowed(request: Request, exc: Exception) -> Response:
-        return error_response(p.ApiError(f"{request.method} is not allowed here", status=405, type="invalid_request_error"))
+        return error_response(
+            p.ApiError(f"{request.method} is not allowed here", status=405, type="invalid_request_error")
+        )
 
     async def internal(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error", exc_info=exc)

@@ -20,13 +20,23 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import uvicorn
+
+from workers import engines
+from workers.agent import Agent, ControlPlaneClient, detect_hardware
+from workers.engines.api import EngineSpec
 from workers.profile import ENGINE_KINDS, ProfileError, load_profile
+from workers.server.app import build_app, max_request_bytes_for
+from workers.server.host import EngineHost, RunningProfile
+from workers.server.metrics import MetricsExporter
 
 log = logging.getLogger("workers.serve")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--engine", choices=ENGINE_KINDS, default="reference", help="engine backend (default: reference)")
+    parser.add_argument(
+        "--engine", choices=ENGINE_KINDS, default="reference", help="engine backend (default: reference)"
+    )
     parser.add_argument("--model", required=True, help="local Hugging Face checkpoint directory")
     parser.add_argument("--profile", help="engine profile: a JSON object or a JSON file path")
     parser.add_argument("--host", default="127.0.0.1")
@@ -36,8 +46,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-model-len", type=int, help="cap the context length below the checkpoint's")
     parser.add_argument("--dtype", default="auto", help="vLLM only: weight and activation dtype")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-queue", type=int, default=128, help="requests that may wait beyond max_num_seqs before 429")
-    parser.add_argument("--drain-timeout", type=float, default=60.0, help="seconds in-flight requests get to finish on a profile switch")
+    parser.add_argument(
+        "--max-queue", type=int, default=128, help="requests that may wait beyond max_num_seqs before 429"
+    )
+    parser.add_argument(
+        "--max-request-bytes",
+        type=int,
+        help="largest request body accepted, else 413 (default: 64 bytes per token of context, at least 8 MiB)",
+    )
+    parser.add_argument(
+        "--drain-timeout", type=float, default=60.0, help="seconds in-flight requests get to finish on a profile switch"
+    )
     cp = parser.add_argument_group("control plane")
     cp.add_argument("--control-plane", help="control plane base URL; enables the agent")
     cp.add_argument("--enroll-token", help="enrollment token for the first registration")
@@ -45,6 +64,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cp.add_argument("--advertise-url", help="URL the control plane and gateway reach this worker at")
     cp.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="worker label (repeatable)")
     cp.add_argument("--state-file", type=Path, help="where the agent keeps its worker secret across restarts")
+    parser.add_argument(
+        "--fault-stall-marker",
+        default="",
+        help="fault injection (reference engine, off by default): a request whose prompt contains this text "
+        "stops being fed after its first output",
+    )
     parser.add_argument("--log-level", default="info")
 
 
@@ -72,14 +97,7 @@ def main(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
-    import uvicorn
-
-    from workers.server import engines
-    from workers.server.app import build_app
-    from workers.server.host import EngineHost, RunningProfile
-    from workers.server.metrics import MetricsExporter
-
-    spec = engines.EngineSpec(
+    spec = EngineSpec(
         kind=args.engine,
         model=args.model,
         device=args.device,
@@ -87,6 +105,7 @@ def main(args: argparse.Namespace) -> int:
         max_model_len=args.max_model_len,
         dtype=args.dtype,
         seed=args.seed,
+        fault_stall_marker=args.fault_stall_marker,
     )
     if not (Path(args.model) / "config.json").exists():
         print(f"error: {args.model} is not a checkpoint directory (no config.json).", file=sys.stderr)
@@ -96,7 +115,9 @@ def main(args: argparse.Namespace) -> int:
     try:
         # The contract's rules first: a knob the engine lacks is refused
         # before torch (let alone vLLM) is imported.
-        given = load_profile(args.profile, engine_kind=args.engine, max_model_len=max_model_len) if args.profile else None
+        given = (
+            load_profile(args.profile, engine_kind=args.engine, max_model_len=max_model_len) if args.profile else None
+        )
         device = engines.resolve_device(args.device)
         profile = given or backend.default_profile(device)
         engines.validate(spec, profile, max_model_len)
@@ -125,8 +146,6 @@ def main(args: argparse.Namespace) -> int:
     )
     agent = None
     if args.control_plane:
-        from workers.agent import Agent, ControlPlaneClient, detect_hardware
-
         labels = dict(item.split("=", 1) for item in args.label if "=" in item)
         agent = Agent(
             host,
@@ -147,7 +166,12 @@ def main(args: argparse.Namespace) -> int:
         async def start_engine() -> None:
             try:
                 await host.start()
-                log.info("ready: %s engine, model %s, profile %s", args.engine, spec.model_name, host.running.profile.to_json())
+                log.info(
+                    "ready: %s engine, model %s, profile %s",
+                    args.engine,
+                    spec.model_name,
+                    host.running.profile.to_json(),
+                )
             except Exception:
                 log.exception("the engine failed to start")
 
@@ -174,6 +198,7 @@ def main(args: argparse.Namespace) -> int:
         model_name=spec.model_name,
         model_aliases=(args.model, str(Path(args.model).resolve())),
         lifespan=lifespan,
+        max_request_bytes=args.max_request_bytes or max_request_bytes_for(max_model_len),
     )
     app.state.agent = agent
     config = uvicorn.Config(

@@ -13,6 +13,11 @@ agent asks it to apply a profile:
      generate one token as a health check;
   4. ``ready`` on the new revision — or, if the new engine failed, rebuild
      the last good profile and stay on it, keeping the error for the agent.
+
+An engine that stops serving (its step thread died, or a step never ends:
+the engine's ``health_error()``) turns the host ``unhealthy`` with that
+reason, at the next look (/health, the agent's heartbeat, an admission):
+/health answers 503 and the agent reports it to the control plane.
 """
 
 from __future__ import annotations
@@ -25,12 +30,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from workers.engine_api import AsyncEngine, EngineLoad, SamplingParams
+from workers.engines.api import AsyncEngine, EngineLoad, SamplingParams
 from workers.profile import EngineProfile, ProfileError
 
 log = logging.getLogger(__name__)
 
-LOADING, READY, DRAINING, APPLYING = "loading", "ready", "draining", "applying"
+LOADING, READY, DRAINING, APPLYING, UNHEALTHY = "loading", "ready", "draining", "applying", "unhealthy"
 
 
 class Unavailable(Exception):
@@ -92,6 +97,7 @@ class EngineHost:
         self.operator_drain = False
         self.last_apply_error: str | None = None
         self.load_error: str | None = None
+        self.health_error: str | None = None  # why the engine cannot serve (state unhealthy)
         self._in_flight: dict[int, Ticket] = {}
         self._idle = asyncio.Event()
         self._idle.set()
@@ -125,6 +131,7 @@ class EngineHost:
         except BaseException:
             await engine.shutdown()
             raise
+        self.health_error = None  # a new engine: whatever broke the old one is gone
         return engine
 
     @staticmethod
@@ -145,11 +152,27 @@ class EngineHost:
         self._set_state(DRAINING if self.operator_drain else READY)
 
     def _set_state(self, state: str) -> None:
+        if self.state == UNHEALTHY and self.health_error is not None and state != UNHEALTHY:
+            return  # a broken engine stays reported broken until a new one replaces it
         if state != self.state:
             log.info("worker state: %s → %s", self.state, state)
             self.state = state
         self.state_changed.set()
         self.state_changed = asyncio.Event()
+
+    def check_health(self) -> str | None:
+        """Ask the engine whether it still serves; an engine that does not
+        turns the host unhealthy (for good: only a restart or a new engine
+        brings it back). Returns the reason, or None when healthy."""
+        if self.state == UNHEALTHY:
+            return self.health_error
+        check = getattr(self.engine, "health_error", None)
+        reason = check() if check is not None and not self._apply_lock.locked() else None
+        if reason is not None:
+            log.error("the engine cannot serve: %s", reason)
+            self.health_error = reason
+            self._set_state(UNHEALTHY)
+        return reason
 
     # ---- admission ---------------------------------------------------------------
     @property
@@ -157,6 +180,7 @@ class EngineHost:
         return sum(len(t.request_ids) for t in self._in_flight.values())
 
     def admit(self, request_ids: list[str]) -> Ticket:
+        self.check_health()
         if self.state != READY or self.engine is None:
             raise Unavailable(self.state)
         capacity = self.engine.profile.max_num_seqs + self.max_queue
@@ -242,9 +266,7 @@ class EngineHost:
             self.last_apply_error = None
             self.load_error = None
             self._engine_ready(target)
-            log.info(
-                "applied profile %s r%s in %.1f s", target.name, target.revision, time.monotonic() - started
-            )
+            log.info("applied profile %s r%s in %.1f s", target.name, target.revision, time.monotonic() - started)
 
     async def _apply_live(self, target: RunningProfile) -> bool:
         """An engine that can change scheduler knobs between two steps (the
@@ -287,4 +309,5 @@ class EngineHost:
             },
             "last_apply_error": self.last_apply_error,
             "load_error": self.load_error,
+            "health_error": self.health_error,
         }

@@ -1,4 +1,5 @@
-"""The worker's ``/metrics``: DESIGN.md's vocabulary, fed by engine records.
+"""The worker's ``/metrics``: the metric vocabulary ("Metrics" in
+docs/architecture.md), fed by engine records.
 
 One exporter serves both engines with identical names. It observes the engine
 through ``EngineObserver`` (``on_step``, ``on_request_finished``) and reads
@@ -28,7 +29,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from prometheus_client import (
     CollectorRegistry,
@@ -42,7 +43,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from workers import figures
-from workers.engine_api import EngineLoad, RequestMetrics, StepMetrics
+from workers.engines.api import EngineLoad, RequestMetrics, StepMetrics
 from workers.profile import EngineProfile
 
 # ``*_created`` series double the count of series and nothing reads them; the
@@ -55,19 +56,125 @@ RECENT_PEAK_WINDOW_SECONDS = 15.0
 
 # vLLM 0.32's bucket boundaries (vllm/v1/metrics/buckets.py), so histograms of
 # both engines aggregate bucket by bucket.
-REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
-                           120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
-TIME_TO_FIRST_TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-                               7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-INTER_TOKEN_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
-                               7.5, 10.0, 20.0, 40.0, 80.0)
+REQUEST_LATENCY_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
+TIME_TO_FIRST_TOKEN_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+INTER_TOKEN_LATENCY_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
 ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 # Chunkpilot's own: stalls reach seconds under monolithic prefill; chunk waits
 # start well below a step.
-MAX_GAP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0,
-                   5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
-CHUNK_WAIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-                      20.0, 40.0, 80.0)
+MAX_GAP_BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    1.5,
+    2.0,
+    3.0,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+CHUNK_WAIT_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+
+
+class _Peak(NamedTuple):
+    at: float  # when its step ended, engine clock
+    memory_bytes: int
 
 
 def request_token_buckets(max_model_len: int) -> list[float]:
@@ -84,15 +191,21 @@ def request_token_buckets(max_model_len: int) -> list[float]:
 
 
 class _FamilyFilter:
-    """The families of another registry whose names start with a prefix."""
+    """The families of another collector that ``keep`` accepts."""
 
-    def __init__(self, source: Any, prefix: str):
-        self.source, self.prefix = source, prefix
+    def __init__(self, source: Any, keep: Callable[[Metric], bool]):
+        self.source, self.keep = source, keep
 
     def collect(self) -> Iterator[Metric]:
         for family in self.source.collect():
-            if family.name.startswith(self.prefix):
+            if self.keep(family):
                 yield family
+
+
+def _named(names: frozenset[str]) -> Callable[[Metric], bool]:
+    """A family named in ``names``, by its own name or one of its samples'
+    (``…_bucket``)."""
+    return lambda family: family.name in names or any(s.name in names for s in family.samples)
 
 
 class _Concat:
@@ -102,6 +215,20 @@ class _Concat:
     def collect(self) -> Iterator[Metric]:
         for source in self.sources:
             yield from source.collect()
+
+
+BY_PROMPT_TTFT = "chunkpilot:time_to_first_token_by_prompt_seconds"
+BY_PROMPT_MAX_GAP = "chunkpilot:request_max_gap_by_prompt_seconds"
+BY_PROMPT_PREFILL = "chunkpilot:request_prefill_time_by_prompt_seconds"
+BY_PROMPT_HISTOGRAMS: tuple[tuple[str, str, tuple[float, ...]], ...] = (
+    (BY_PROMPT_TTFT, "Time to first token, by the request's prompt-length bucket.", TIME_TO_FIRST_TOKEN_BUCKETS),
+    (
+        BY_PROMPT_MAX_GAP,
+        "Per finished request, its largest gap between two tokens, by prompt-length bucket.",
+        MAX_GAP_BUCKETS,
+    ),
+    (BY_PROMPT_PREFILL, "First scheduled to first token, by prompt-length bucket.", REQUEST_LATENCY_BUCKETS),
+)
 
 
 class MetricsExporter:
@@ -120,17 +247,63 @@ class MetricsExporter:
         self.max_gap = Histogram(
             "chunkpilot:request_max_gap_seconds",
             "Per finished request, its largest gap between two tokens (stalls).",
-            LABELS, buckets=MAX_GAP_BUCKETS, registry=r,
+            LABELS,
+            buckets=MAX_GAP_BUCKETS,
+            registry=r,
         ).labels(*self._labels)
+        # The latencies a prompt's length drives, per prompt-length bucket
+        # (workers/figures.py:PROMPT_BUCKETS), so per-bucket figures cover the
+        # engines' own histograms too. Every bucket's series exists from the
+        # start, so a scrape's layout does not change when a new length shows up.
+        self.by_prompt = {
+            name: Histogram(name, doc, [*LABELS, "prompt_bucket"], buckets=buckets, registry=r)
+            for name, doc, buckets in BY_PROMPT_HISTOGRAMS
+        }
+        for histogram in self.by_prompt.values():
+            for bucket, _ in figures.PROMPT_BUCKETS:
+                histogram.labels(*self._labels, bucket)
         self.chunk_wait = Histogram(
             "chunkpilot:prefill_chunk_wait_seconds",
             "Per prefill chunk, how long its request waited, schedulable, before it ran.",
-            LABELS, buckets=CHUNK_WAIT_BUCKETS, registry=r,
+            LABELS,
+            buckets=CHUNK_WAIT_BUCKETS,
+            registry=r,
         ).labels(*self._labels)
         self.step_tokens = Counter(
             "chunkpilot:step_tokens", "Tokens run by engine steps, by kind.", [*LABELS, "kind"], registry=r
         )
         self.steps = Counter("chunkpilot:steps", "Engine steps.", LABELS, registry=r).labels(*self._labels)
+        # Head-of-line blocking: the gap between two tokens of the requests
+        # decoding, split by whether a long prefill ran during it (engines
+        # whose steps say so: StepMetrics.max_prefill_tokens).
+        self.gap_long = Histogram(
+            "chunkpilot:decode_gap_long_prefill_seconds",
+            f"Gaps between tokens of decoding requests while a prefill of more than {figures.LONG_PREFILL_TOKENS} "
+            "tokens ran, one per decode token.",
+            LABELS,
+            buckets=MAX_GAP_BUCKETS,
+            registry=r,
+        ).labels(*self._labels)
+        self.gap_other = Histogram(
+            "chunkpilot:decode_gap_other_seconds",
+            f"Gaps between tokens of decoding requests while no prefill of more than {figures.LONG_PREFILL_TOKENS} "
+            "tokens ran, one per decode token.",
+            LABELS,
+            buckets=MAX_GAP_BUCKETS,
+            registry=r,
+        ).labels(*self._labels)
+        self.long_prefill_steps = Counter(
+            "chunkpilot:long_prefill_steps",
+            f"Engine steps during which a prefill of more than {figures.LONG_PREFILL_TOKENS} tokens ran.",
+            LABELS,
+            registry=r,
+        ).labels(*self._labels)
+        self.prefill_seconds = Counter(
+            "chunkpilot:prefill_seconds",
+            "Step time spent on prefill tokens (each step's duration times its prefill share of tokens).",
+            LABELS,
+            registry=r,
+        ).labels(*self._labels)
         self.profile_info = Gauge(
             "chunkpilot:profile_info",
             "The engine profile running now (value 1).",
@@ -150,24 +323,61 @@ class MetricsExporter:
             return Counter(name, doc, LABELS, registry=v).labels(*self._labels)
 
         tokens = request_token_buckets(max_model_len)
-        self.v_ttft = hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TIME_TO_FIRST_TOKEN_BUCKETS)
-        self.v_itl = hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", INTER_TOKEN_LATENCY_BUCKETS)
-        self.v_tpot = hist("vllm:request_time_per_output_token_seconds", "Histogram of time_per_output_token_seconds per request.", INTER_TOKEN_LATENCY_BUCKETS)
-        self.v_e2e = hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", REQUEST_LATENCY_BUCKETS)
-        self.v_queue = hist("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", REQUEST_LATENCY_BUCKETS)
-        self.v_inference = hist("vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.", REQUEST_LATENCY_BUCKETS)
-        self.v_prefill = hist("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", REQUEST_LATENCY_BUCKETS)
-        self.v_decode = hist("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", REQUEST_LATENCY_BUCKETS)
+        self.v_ttft = hist(
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            TIME_TO_FIRST_TOKEN_BUCKETS,
+        )
+        self.v_itl = hist(
+            "vllm:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            INTER_TOKEN_LATENCY_BUCKETS,
+        )
+        self.v_tpot = hist(
+            "vllm:request_time_per_output_token_seconds",
+            "Histogram of time_per_output_token_seconds per request.",
+            INTER_TOKEN_LATENCY_BUCKETS,
+        )
+        self.v_e2e = hist(
+            "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", REQUEST_LATENCY_BUCKETS
+        )
+        self.v_queue = hist(
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.",
+            REQUEST_LATENCY_BUCKETS,
+        )
+        self.v_inference = hist(
+            "vllm:request_inference_time_seconds",
+            "Histogram of time spent in RUNNING phase for request.",
+            REQUEST_LATENCY_BUCKETS,
+        )
+        self.v_prefill = hist(
+            "vllm:request_prefill_time_seconds",
+            "Histogram of time spent in PREFILL phase for request.",
+            REQUEST_LATENCY_BUCKETS,
+        )
+        self.v_decode = hist(
+            "vllm:request_decode_time_seconds",
+            "Histogram of time spent in DECODE phase for request.",
+            REQUEST_LATENCY_BUCKETS,
+        )
         self.v_prompt_hist = hist("vllm:request_prompt_tokens", "Number of prefill tokens processed.", tokens)
         self.v_gen_hist = hist("vllm:request_generation_tokens", "Number of generation tokens processed.", tokens)
-        self.v_iteration = hist("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", ITERATION_TOKENS_BUCKETS)
+        self.v_iteration = hist(
+            "vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", ITERATION_TOKENS_BUCKETS
+        )
         self.v_prompt = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
         self.v_generation = counter("vllm:generation_tokens", "Number of generation tokens processed.")
         self.v_preemptions = counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
-        self.v_cache_queries = counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.")
+        self.v_cache_queries = counter(
+            "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens."
+        )
         self.v_cache_hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
         self.v_success = Counter(
-            "vllm:request_success", "Count of successfully processed requests.", [*LABELS, "finished_reason"], registry=v
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            [*LABELS, "finished_reason"],
+            registry=v,
         )
         v.register(_LoadGauges(self))
 
@@ -178,7 +388,12 @@ class MetricsExporter:
         self._memory_bytes = 0
         self._memory_byte_seconds = 0.0
         self._held_seconds = 0.0  # the time the integrals above cover
-        self._recent_peaks: deque[tuple[float, int]] = deque()
+        self._recent_peaks: deque[_Peak] = deque()
+        # ---- head-of-line state (engine thread) ------------------------------
+        self._last_decode_end: float | None = None
+        self._long_since_decode = False
+        # the largest prefill step seen: its tokens and its transient bytes
+        self._activation: tuple[int, int] = (0, 0)
 
     # ---- wiring --------------------------------------------------------------
     def attach(self, engine: Any) -> None:
@@ -190,7 +405,9 @@ class MetricsExporter:
         engine.add_observer(self)
         self._load = engine.load
         native = getattr(engine, "prometheus_collector", None)
-        self._native = _FamilyFilter(native(), "vllm:") if native is not None else None
+        self._native = (
+            _FamilyFilter(native(), lambda family: family.name.startswith("vllm:")) if native is not None else None
+        )
 
     def set_profile(self, profile: EngineProfile, *, engine_kind: str, name: str, revision: int | str) -> None:
         self.profile_info.clear()
@@ -204,10 +421,14 @@ class MetricsExporter:
             str(profile.chunk_cap),
         ).set(1)
 
-    def render(self) -> bytes:
+    def render(self, names: Iterable[str] = ()) -> bytes:
+        """Every family, or only those named (``/metrics?name[]=…``, as
+        prometheus_client's own exposition filters): a caller that samples
+        one gauge every few seconds neither renders nor parses the rest."""
         sources: list[Any] = [self.registry]
         sources.append(self._native if self._native is not None else self.vllm_registry)
-        return generate_latest(_Concat(*sources))  # type: ignore[arg-type]
+        wanted = frozenset(names)
+        return generate_latest(_FamilyFilter(_Concat(*sources), _named(wanted)) if wanted else _Concat(*sources))
 
     # ---- EngineObserver (engine thread) ---------------------------------------
     def on_step(self, step: StepMetrics) -> None:
@@ -217,9 +438,15 @@ class MetricsExporter:
             self._advance(end)
             self._fragmentation = fragmentation
             self._memory_bytes = step.memory_bytes
-            self._recent_peaks.append((end, max(step.peak_memory_bytes, step.memory_bytes)))
+            self._recent_peaks.append(_Peak(end, max(step.peak_memory_bytes, step.memory_bytes)))
             self._trim_peaks(end)
         self.steps.inc()
+        self._observe_gaps(step, end)
+        tokens = step.num_prefill_tokens + step.num_decode_tokens
+        if step.num_prefill_tokens and tokens:
+            self.prefill_seconds.inc(step.duration_seconds * step.num_prefill_tokens / tokens)
+            if step.num_prefill_tokens >= self._activation[0]:
+                self._activation = (step.num_prefill_tokens, max(0, step.peak_memory_bytes - step.memory_bytes))
         self.step_tokens.labels(*self._labels, "prefill").inc(step.num_prefill_tokens)
         self.step_tokens.labels(*self._labels, "decode").inc(step.num_decode_tokens)
         for wait in step.prefill_chunk_waits:
@@ -230,10 +457,58 @@ class MetricsExporter:
             self.v_cache_queries.inc(step.prefix_cache_queries)
             self.v_cache_hits.inc(step.prefix_cache_hits)
 
+    def _observe_gaps(self, step: StepMetrics, end: float) -> None:
+        """A step that decodes ends the gap of every request decoding in it:
+        since the previous decoding step's end. The gap is a long-prefill one
+        if a long prefill ran in any step since then, this one included."""
+        if step.max_prefill_tokens is None:
+            return
+        long = step.max_prefill_tokens > figures.LONG_PREFILL_TOKENS
+        if long:
+            self.long_prefill_steps.inc()
+        self._long_since_decode |= long
+        if not step.num_decode_tokens:
+            return
+        if self._last_decode_end is not None:
+            histogram = self.gap_long if self._long_since_decode else self.gap_other
+            gap = end - self._last_decode_end
+            for _ in range(step.num_decode_tokens):
+                histogram.observe(gap)
+        self._last_decode_end = end
+        self._long_since_decode = False
+
+    def memory_figures(self) -> dict[str, float]:
+        """Weights, KV bytes per token and activation bytes per prefill token
+        (the largest prefill step's transient peak over its tokens: the engine's
+        accounting on CPU, the allocator's measured peak on GPU); those the
+        engine does not report are left out."""
+        out: dict[str, float] = {}
+        facts = getattr(self._engine, "memory_facts", None)
+        known = facts() if facts is not None else None
+        if known is not None:
+            out["weight_bytes"] = known.weight_bytes
+            out["kv_bytes_per_token"] = known.kv_bytes_per_token
+        tokens, transient = self._activation
+        if tokens:
+            out["activation_bytes_per_token"] = transient / tokens
+        return out
+
+    def _observe_by_prompt(self, m: RequestMetrics, gap: float | None) -> None:
+        bucket = figures.prompt_bucket(m.num_prompt_tokens)
+        if (ttft := figures.ttft_seconds(m)) is not None:
+            self.by_prompt[BY_PROMPT_TTFT].labels(*self._labels, bucket).observe(ttft)
+        if gap is not None:
+            self.by_prompt[BY_PROMPT_MAX_GAP].labels(*self._labels, bucket).observe(gap)
+        if m.first_scheduled_time is not None and m.first_token_time is not None:
+            self.by_prompt[BY_PROMPT_PREFILL].labels(*self._labels, bucket).observe(
+                m.first_token_time - m.first_scheduled_time
+            )
+
     def on_request_finished(self, request_id: str, metrics: RequestMetrics, finish_reason: str) -> None:
         gap = figures.max_gap_seconds(metrics)
         if gap is not None:
             self.max_gap.observe(gap)
+        self._observe_by_prompt(metrics, gap)
         if self._native is not None:
             return
         m = metrics
@@ -269,7 +544,7 @@ class MetricsExporter:
             self._held_since = now
 
     def _trim_peaks(self, now: float) -> None:
-        while self._recent_peaks and self._recent_peaks[0][0] < now - RECENT_PEAK_WINDOW_SECONDS:
+        while self._recent_peaks and self._recent_peaks[0].at < now - RECENT_PEAK_WINDOW_SECONDS:
             self._recent_peaks.popleft()
 
     def held_figures(self) -> dict[str, float]:
@@ -277,7 +552,7 @@ class MetricsExporter:
             now = self.clock()
             self._advance(now)
             self._trim_peaks(now)
-            recent_peak = max([self._memory_bytes, *(p for _, p in self._recent_peaks)])
+            recent_peak = max([self._memory_bytes, *(p.memory_bytes for p in self._recent_peaks)])
             return {
                 "fragmentation": self._fragmentation,
                 "fragmentation_seconds": self._fragmentation_seconds,
@@ -333,6 +608,14 @@ class _HeldFigures(Collector):
             "Engine memory in use integrated over time (rate = time-weighted mean).",
             f["memory_byte_seconds"],
         )
+        memory = e.memory_figures()
+        for key, doc in (
+            ("weight_bytes", "The model's weights in engine memory."),
+            ("kv_bytes_per_token", "K and V of one token over every layer, in the cache's dtype."),
+            ("activation_bytes_per_token", "Transient bytes per prefill token at the largest prefill step seen."),
+        ):
+            if key in memory:
+                yield gauge(f"chunkpilot:{key}", doc, memory[key])
         yield counter(
             "chunkpilot:held_seconds",
             "The time the *_seconds integrals cover: divide their increase by this one's for the "

@@ -10,14 +10,31 @@ clients that send newer fields keep working.
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from workers.engine_api import SamplingParams
+from workers.engines.api import SamplingParams
 
 # vLLM's extensions to OpenAI's sampling fields, accepted by both engines.
 _EXTRA_INT_FIELDS = ("top_k",)
+# The seed's range, as vLLM's protocol has it (a 64-bit signed integer; what
+# torch.Generator.manual_seed takes); -1 means none, as in vLLM.
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+# Below this a temperature turns logits / temperature into inf and the
+# softmax into NaN; vLLM raises such a temperature to it (sampling_params.py
+# _MAX_TEMP), and so do we.
+MIN_TEMPERATURE = 1e-2
+# Penalties the engines do not implement: their bounds are checked as vLLM
+# checks them, and any value other than the neutral one is refused by name
+# rather than ignored. (name, neutral value, check, the rule in words)
+_UNSUPPORTED_NUMBERS: tuple[tuple[str, float, Any, str], ...] = (
+    ("presence_penalty", 0.0, lambda v: -2.0 <= v <= 2.0, "in [-2, 2]"),
+    ("frequency_penalty", 0.0, lambda v: -2.0 <= v <= 2.0, "in [-2, 2]"),
+    ("repetition_penalty", 1.0, lambda v: v > 0.0, "greater than 0"),
+    ("min_p", 0.0, lambda v: 0.0 <= v <= 1.0, "in [0, 1]"),
+)
 
 
 class ApiError(Exception):
@@ -71,7 +88,31 @@ def parse_json(raw: bytes) -> dict[str, Any]:
         raise bad(f"the request body is not valid JSON: {exc}", code="invalid_json") from exc
     if not isinstance(data, dict):
         raise bad("the request body must be a JSON object.", code="invalid_json")
+    _check_text(data, "")
     return data
+
+
+def _check_text(value: Any, path: str) -> None:
+    """Every string must be encodable as UTF-8: JSON's ``\\ud800`` escape
+    gives Python a lone surrogate, which tokenizers (and the reply's own
+    encoder) refuse deep inside; refused here with the field named."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            name = path or "body"
+            raise bad(
+                f"`{name}` holds a lone surrogate ({value[exc.start]!a} at {exc.start}): not valid Unicode text.",
+                param=name,
+            ) from exc
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_text(key, path or "body")
+            _check_text(item, f"{path}.{key}" if path else str(key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            if isinstance(item, str | list | dict):
+                _check_text(item, f"{path}[{index}]")
 
 
 def check_model(data: dict[str, Any], served: tuple[str, ...]) -> None:
@@ -92,13 +133,17 @@ def _number(data: dict[str, Any], name: str, default: float, lo: float, hi: floa
         return default
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise bad(f"`{name}` must be a number.", param=name)
+    if not math.isfinite(value):
+        raise bad(f"`{name}` must be a finite number; got {value}.", param=name)
     if value < lo or value > hi or (lo_open and value == lo):
         bracket = "(" if lo_open else "["
         raise bad(f"`{name}` must be in {bracket}{lo}, {hi}]; got {value}.", param=name)
     return float(value)
 
 
-def _int(data: dict[str, Any], name: str, default: int | None, lo: int | None = None) -> int | None:
+def _int(
+    data: dict[str, Any], name: str, default: int | None, lo: int | None = None, hi: int | None = None
+) -> int | None:
     value = data.get(name)
     if value is None:
         return default
@@ -106,7 +151,34 @@ def _int(data: dict[str, Any], name: str, default: int | None, lo: int | None = 
         raise bad(f"`{name}` must be an integer.", param=name)
     if lo is not None and value < lo:
         raise bad(f"`{name}` must be at least {lo}; got {value}.", param=name)
+    if hi is not None and value > hi:
+        raise bad(f"`{name}` must be at most {hi}; got {value}.", param=name)
     return value
+
+
+def _temperature(data: dict[str, Any]) -> float:
+    value = _number(data, "temperature", 1.0, 0.0, 2.0)
+    if 0.0 < value < MIN_TEMPERATURE:
+        return MIN_TEMPERATURE  # vLLM's clamp: finite logits / temperature
+    return value
+
+
+def _unsupported_numbers(data: dict[str, Any]) -> None:
+    for name, neutral, check, rule in _UNSUPPORTED_NUMBERS:
+        value = data.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise bad(f"`{name}` must be a finite number.", param=name)
+        if not check(value):
+            raise bad(f"`{name}` must be {rule}; got {value}.", param=name)
+        if value != neutral:
+            raise bad(f"`{name}` is not supported by this worker (only {neutral}); got {value}.", param=name)
+
+
+def _seed(data: dict[str, Any]) -> int | None:
+    seed = _int(data, "seed", None, lo=SEED_MIN, hi=SEED_MAX)
+    return None if seed == -1 else seed
 
 
 def _bool(data: dict[str, Any], name: str, default: bool = False) -> bool:
@@ -130,19 +202,20 @@ def _sampling(data: dict[str, Any], max_tokens: int | None, logprobs: bool) -> S
         raise bad("`stop` must be a string or a list of strings.", param="stop")
     stop_token_ids = data.get("stop_token_ids") or []
     if not isinstance(stop_token_ids, list) or not all(
-        isinstance(t, int) and not isinstance(t, bool) for t in stop_token_ids
+        isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= SEED_MAX for t in stop_token_ids
     ):
-        raise bad("`stop_token_ids` must be a list of integers.", param="stop_token_ids")
+        raise bad("`stop_token_ids` must be a list of non-negative integers.", param="stop_token_ids")
     n = _int(data, "n", 1, lo=1)
     if n != 1:
         raise bad("only n=1 is supported.", param="n")
     top_k = _int(data, "top_k", 0, lo=-1)
+    _unsupported_numbers(data)
     return SamplingParams(
         max_tokens=max_tokens,
-        temperature=_number(data, "temperature", 1.0, 0.0, 2.0),
+        temperature=_temperature(data),
         top_p=_number(data, "top_p", 1.0, 0.0, 1.0, lo_open=True),
-        top_k=top_k or 0,
-        seed=_int(data, "seed", None),
+        top_k=max(top_k or 0, 0),
+        seed=_seed(data),
         stop=stops,
         stop_token_ids=list(stop_token_ids),
         ignore_eos=_bool(data, "ignore_eos"),
@@ -180,7 +253,9 @@ def parse_completion(data: dict[str, Any]) -> CompletionRequest:
     elif (
         isinstance(prompt, list)
         and prompt
-        and all(isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p) for p in prompt)
+        and all(
+            isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p) for p in prompt
+        )
     ):
         prompts = [list(p) for p in prompt]
     else:

@@ -5,11 +5,10 @@ import django.utils.timezone
 from django.conf import settings
 from django.db import migrations, models
 
-import controlplane.alerts.engine
+import controlplane.alerts.lifecycle
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
@@ -18,215 +17,471 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.CreateModel(
-            name='Delivery',
+            name="Delivery",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('reason', models.CharField(blank=True, help_text='why it was sent: first notification, repeat, ...', max_length=32)),
-                ('payload', models.JSONField()),
-                ('fingerprints', models.JSONField(default=list, help_text='the alerts it carries')),
-                ('firing', models.JSONField(default=list)),
-                ('resolved', models.JSONField(default=list)),
-                ('status', models.CharField(choices=[('pending', 'pending'), ('sent', 'sent'), ('failed', 'failed')], db_index=True, default='pending', max_length=8)),
-                ('num_attempts', models.PositiveIntegerField(default=0)),
-                ('next_attempt_at', models.DateTimeField(db_index=True)),
-                ('last_error', models.CharField(blank=True, max_length=500)),
-                ('attempts', models.JSONField(blank=True, default=list, help_text='[{at, error}] of every attempt')),
-                ('created_at', models.DateTimeField()),
-                ('sent_at', models.DateTimeField(blank=True, null=True)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                (
+                    "reason",
+                    models.CharField(
+                        blank=True, help_text="why it was sent: first notification, repeat, ...", max_length=32
+                    ),
+                ),
+                ("payload", models.JSONField()),
+                ("fingerprints", models.JSONField(default=list, help_text="the alerts it carries")),
+                ("firing", models.JSONField(default=list)),
+                ("resolved", models.JSONField(default=list)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[("pending", "pending"), ("sent", "sent"), ("failed", "failed")],
+                        db_index=True,
+                        default="pending",
+                        max_length=8,
+                    ),
+                ),
+                ("num_attempts", models.PositiveIntegerField(default=0)),
+                ("next_attempt_at", models.DateTimeField(db_index=True)),
+                ("last_error", models.CharField(blank=True, max_length=500)),
+                ("attempts", models.JSONField(blank=True, default=list, help_text="[{at, error}] of every attempt")),
+                ("created_at", models.DateTimeField()),
+                ("sent_at", models.DateTimeField(blank=True, null=True)),
             ],
             options={
-                'ordering': ['-created_at', '-id'],
+                "ordering": ["-created_at", "-id"],
             },
         ),
         migrations.CreateModel(
-            name='Receiver',
+            name="Receiver",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.SlugField(max_length=100, unique=True)),
-                ('kind', models.CharField(choices=[('webhook', "webhook (Alertmanager's v4 payload)"), ('email', 'email'), ('alertmanager', 'external Alertmanager: every alert is forwarded to its /api/v2/alerts, unrouted')], max_length=16)),
-                ('url', models.URLField(blank=True, help_text="webhook URL, or the Alertmanager's base URL", max_length=500)),
-                ('bearer_token', models.CharField(blank=True, help_text='sent as Authorization: Bearer …', max_length=500)),
-                ('emails', models.JSONField(blank=True, default=list, help_text='email: the recipients')),
-                ('send_resolved', models.BooleanField(default=True)),
-                ('max_alerts', models.PositiveIntegerField(default=0, help_text='webhook: at most this many alerts per message; 0: all')),
-                ('is_default', models.BooleanField(default=False, help_text='takes the alerts that no route takes')),
-                ('enabled', models.BooleanField(default=True)),
-                ('last_forwarded_at', models.DateTimeField(blank=True, editable=False, null=True)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("name", models.SlugField(max_length=100, unique=True)),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[
+                            ("webhook", "webhook (Alertmanager's v4 payload)"),
+                            ("email", "email"),
+                            (
+                                "alertmanager",
+                                "external Alertmanager: every alert is forwarded to its /api/v2/alerts, unrouted",
+                            ),
+                        ],
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "url",
+                    models.URLField(
+                        blank=True, help_text="webhook URL, or the Alertmanager's base URL", max_length=500
+                    ),
+                ),
+                (
+                    "bearer_token",
+                    models.CharField(blank=True, help_text="sent as Authorization: Bearer …", max_length=500),
+                ),
+                ("emails", models.JSONField(blank=True, default=list, help_text="email: the recipients")),
+                ("send_resolved", models.BooleanField(default=True)),
+                (
+                    "max_alerts",
+                    models.PositiveIntegerField(
+                        default=0, help_text="webhook: at most this many alerts per message; 0: all"
+                    ),
+                ),
+                ("is_default", models.BooleanField(default=False, help_text="takes the alerts that no route takes")),
+                ("enabled", models.BooleanField(default=True)),
+                ("last_forwarded_at", models.DateTimeField(blank=True, editable=False, null=True)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
             ],
             options={
-                'ordering': ['name'],
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='AlertRule',
+            name="AlertRule",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(help_text="the alert's name (its alertname label), e.g. CanaryTTFTRegression", max_length=100, unique=True)),
-                ('key', models.SlugField(blank=True, editable=False, help_text="set on the rules Chunkpilot ships, so they are found again; null for operators' own", max_length=64, null=True, unique=True)),
-                ('enabled', models.BooleanField(default=True)),
-                ('figure', models.CharField(help_text='a figure from the metrics registry, or worker_missing / profile_drift_seconds', max_length=64)),
-                ('selector', models.JSONField(blank=True, default=dict, help_text='which data: {"pool": ..., "cohort": ..., "worker": ..., "labels": {worker labels}}')),
-                ('group_by', models.CharField(choices=[('fleet', 'fleet'), ('worker', 'worker'), ('pool', 'pool'), ('cohort', 'cohort')], default='fleet', help_text='one alert per worker, pool, cohort, or one for the fleet', max_length=16)),
-                ('window_seconds', models.FloatField(default=300.0, help_text="the figure's window")),
-                ('compare_to', models.CharField(blank=True, choices=[('', 'the figure itself'), ('baseline', 'ratio to the baseline pool of the same routing table (its stable pool if it has none)'), ('stable', 'ratio to the stable pool of the same routing table')], default='', max_length=16)),
-                ('comparator', models.CharField(choices=[('>', '>'), ('>=', '>='), ('<', '<'), ('<=', '<='), ('==', '=='), ('!=', '!=')], default='>', max_length=2)),
-                ('threshold', models.FloatField()),
-                ('floor', models.FloatField(blank=True, help_text='with compare_to: the figure itself must also be past this (an absolute floor), else the condition does not hold', null=True)),
-                ('for_seconds', models.FloatField(default=0.0, help_text='how long the condition must hold before firing')),
-                ('keep_firing_for_seconds', models.FloatField(default=0.0, help_text='how long it keeps firing after the condition clears')),
-                ('no_data_state', models.CharField(choices=[('nodata', 'no data: a state of its own'), ('alerting', 'alerting: the condition holds'), ('ok', 'ok: the condition does not hold')], default='nodata', max_length=16)),
-                ('severity', models.CharField(choices=[('info', 'info'), ('warning', 'warning'), ('critical', 'critical')], default='warning', max_length=16)),
-                ('labels', models.JSONField(blank=True, default=dict, help_text='extra labels on every alert of the rule')),
-                ('summary', models.CharField(blank=True, max_length=300)),
-                ('description', models.TextField(blank=True)),
-                ('runbook_url', models.URLField(blank=True, max_length=500)),
-                ('dashboard_url', models.CharField(blank=True, help_text='absolute, or a path of this UI', max_length=500)),
-                ('action', models.CharField(choices=[('notify', 'notify'), ('abort_rollout', 'abort the rollout that owns the canary')], default='notify', max_length=16)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('updated_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('last_evaluated_at', models.DateTimeField(blank=True, editable=False, help_text='the evaluation tick that last took this rule', null=True)),
-                ('last_error', models.CharField(blank=True, editable=False, max_length=500)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                (
+                    "name",
+                    models.CharField(
+                        help_text="the alert's name (its alertname label), e.g. CanaryTTFTRegression",
+                        max_length=100,
+                        unique=True,
+                    ),
+                ),
+                (
+                    "key",
+                    models.SlugField(
+                        blank=True,
+                        editable=False,
+                        help_text="set on the rules Chunkpilot ships, so they are found again; null for operators' own",
+                        max_length=64,
+                        null=True,
+                        unique=True,
+                    ),
+                ),
+                ("enabled", models.BooleanField(default=True)),
+                (
+                    "figure",
+                    models.CharField(
+                        help_text="a figure from the metrics registry, or worker_missing / profile_drift_seconds",
+                        max_length=64,
+                    ),
+                ),
+                (
+                    "selector",
+                    models.JSONField(
+                        blank=True,
+                        default=dict,
+                        help_text='which data: {"pool": ..., "cohort": ..., "worker": ..., "labels": {worker labels}}',
+                    ),
+                ),
+                (
+                    "group_by",
+                    models.CharField(
+                        choices=[("fleet", "fleet"), ("worker", "worker"), ("pool", "pool"), ("cohort", "cohort")],
+                        default="fleet",
+                        help_text="one alert per worker, pool, cohort, or one for the fleet",
+                        max_length=16,
+                    ),
+                ),
+                ("window_seconds", models.FloatField(default=300.0, help_text="the figure's window")),
+                (
+                    "compare_to",
+                    models.CharField(
+                        blank=True,
+                        choices=[
+                            ("", "the figure itself"),
+                            (
+                                "baseline",
+                                "ratio to the baseline pool of the same routing table (its stable pool if it has none)",
+                            ),
+                            ("stable", "ratio to the stable pool of the same routing table"),
+                        ],
+                        default="",
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "comparator",
+                    models.CharField(
+                        choices=[(">", ">"), (">=", ">="), ("<", "<"), ("<=", "<="), ("==", "=="), ("!=", "!=")],
+                        default=">",
+                        max_length=2,
+                    ),
+                ),
+                ("threshold", models.FloatField()),
+                (
+                    "floor",
+                    models.FloatField(
+                        blank=True,
+                        help_text="with compare_to: the figure itself must also be past this (an absolute floor), else the condition does not hold",
+                        null=True,
+                    ),
+                ),
+                (
+                    "for_seconds",
+                    models.FloatField(default=0.0, help_text="how long the condition must hold before firing"),
+                ),
+                (
+                    "keep_firing_for_seconds",
+                    models.FloatField(default=0.0, help_text="how long it keeps firing after the condition clears"),
+                ),
+                (
+                    "no_data_state",
+                    models.CharField(
+                        choices=[
+                            ("nodata", "no data: a state of its own"),
+                            ("alerting", "alerting: the condition holds"),
+                            ("ok", "ok: the condition does not hold"),
+                        ],
+                        default="nodata",
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "severity",
+                    models.CharField(
+                        choices=[("info", "info"), ("warning", "warning"), ("critical", "critical")],
+                        default="warning",
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "labels",
+                    models.JSONField(blank=True, default=dict, help_text="extra labels on every alert of the rule"),
+                ),
+                ("summary", models.CharField(blank=True, max_length=300)),
+                ("description", models.TextField(blank=True)),
+                ("runbook_url", models.URLField(blank=True, max_length=500)),
+                (
+                    "dashboard_url",
+                    models.CharField(blank=True, help_text="absolute, or a path of this UI", max_length=500),
+                ),
+                (
+                    "action",
+                    models.CharField(
+                        choices=[("notify", "notify"), ("abort_rollout", "abort the rollout that owns the canary")],
+                        default="notify",
+                        max_length=16,
+                    ),
+                ),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("updated_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "last_evaluated_at",
+                    models.DateTimeField(
+                        blank=True, editable=False, help_text="the evaluation tick that last took this rule", null=True
+                    ),
+                ),
+                ("last_error", models.CharField(blank=True, editable=False, max_length=500)),
             ],
             options={
-                'ordering': ['name'],
-                'indexes': [models.Index(fields=['enabled', 'last_evaluated_at'], name='alertrule_due')],
+                "ordering": ["name"],
+                "indexes": [models.Index(fields=["enabled", "last_evaluated_at"], name="alertrule_due")],
             },
         ),
         migrations.CreateModel(
-            name='Alert',
+            name="Alert",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('fingerprint', models.CharField(max_length=16, unique=True)),
-                ('source', models.CharField(choices=[('rule', 'rule'), ('event', 'event')], default='rule', max_length=8)),
-                ('labels', models.JSONField(default=dict)),
-                ('annotations', models.JSONField(default=dict)),
-                ('state', models.PositiveSmallIntegerField(choices=[(0, 'inactive'), (1, 'resolved'), (2, 'nodata'), (3, 'pending'), (4, 'firing')], db_index=True, default=controlplane.alerts.engine.State['INACTIVE'])),
-                ('value', models.FloatField(blank=True, help_text='the figure at the last evaluation', null=True)),
-                ('active_at', models.DateTimeField(blank=True, null=True)),
-                ('fired_at', models.DateTimeField(blank=True, help_text='startsAt', null=True)),
-                ('resolved_at', models.DateTimeField(blank=True, help_text='endsAt', null=True)),
-                ('keep_firing_since', models.DateTimeField(blank=True, null=True)),
-                ('nodata_since', models.DateTimeField(blank=True, null=True)),
-                ('fired_times', models.JSONField(blank=True, default=list, help_text='epoch seconds it started firing, within the flap window')),
-                ('flapping', models.BooleanField(default=False)),
-                ('expires_at', models.DateTimeField(blank=True, help_text='events: when they resolve by themselves', null=True)),
-                ('state_changed_at', models.DateTimeField(db_index=True, default=django.utils.timezone.now)),
-                ('last_evaluated_at', models.DateTimeField(blank=True, null=True)),
-                ('last_notified_at', models.DateTimeField(blank=True, null=True)),
-                ('num_delivery_failures', models.PositiveIntegerField(default=0)),
-                ('last_delivery_error', models.CharField(blank=True, max_length=500)),
-                ('last_delivery_error_at', models.DateTimeField(blank=True, null=True)),
-                ('abort_requested_at', models.DateTimeField(blank=True, null=True)),
-                ('abort_rollout_id', models.PositiveBigIntegerField(blank=True, null=True)),
-                ('rule', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='alerts', to='alerts.alertrule')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("fingerprint", models.CharField(max_length=16, unique=True)),
+                (
+                    "source",
+                    models.CharField(choices=[("rule", "rule"), ("event", "event")], default="rule", max_length=8),
+                ),
+                ("labels", models.JSONField(default=dict)),
+                ("annotations", models.JSONField(default=dict)),
+                (
+                    "state",
+                    models.PositiveSmallIntegerField(
+                        choices=[(0, "inactive"), (1, "resolved"), (2, "nodata"), (3, "pending"), (4, "firing")],
+                        db_index=True,
+                        default=controlplane.alerts.lifecycle.AlertState["INACTIVE"],
+                    ),
+                ),
+                ("value", models.FloatField(blank=True, help_text="the figure at the last evaluation", null=True)),
+                ("active_at", models.DateTimeField(blank=True, null=True)),
+                ("fired_at", models.DateTimeField(blank=True, help_text="startsAt", null=True)),
+                ("resolved_at", models.DateTimeField(blank=True, help_text="endsAt", null=True)),
+                ("keep_firing_since", models.DateTimeField(blank=True, null=True)),
+                ("nodata_since", models.DateTimeField(blank=True, null=True)),
+                (
+                    "fired_times",
+                    models.JSONField(
+                        blank=True, default=list, help_text="epoch seconds it started firing, within the flap window"
+                    ),
+                ),
+                ("flapping", models.BooleanField(default=False)),
+                (
+                    "expires_at",
+                    models.DateTimeField(blank=True, help_text="events: when they resolve by themselves", null=True),
+                ),
+                ("state_changed_at", models.DateTimeField(db_index=True, default=django.utils.timezone.now)),
+                ("last_evaluated_at", models.DateTimeField(blank=True, null=True)),
+                ("last_notified_at", models.DateTimeField(blank=True, null=True)),
+                ("num_delivery_failures", models.PositiveIntegerField(default=0)),
+                ("last_delivery_error", models.CharField(blank=True, max_length=500)),
+                ("last_delivery_error_at", models.DateTimeField(blank=True, null=True)),
+                ("abort_requested_at", models.DateTimeField(blank=True, null=True)),
+                ("abort_rollout_id", models.PositiveBigIntegerField(blank=True, null=True)),
+                (
+                    "rule",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="alerts",
+                        to="alerts.alertrule",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-state', '-state_changed_at'],
+                "ordering": ["-state", "-state_changed_at"],
             },
         ),
         migrations.CreateModel(
-            name='InboundAlert',
+            name="InboundAlert",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('fingerprint', models.CharField(max_length=64)),
-                ('starts_at', models.DateTimeField()),
-                ('status', models.CharField(max_length=16)),
-                ('labels', models.JSONField(default=dict)),
-                ('annotations', models.JSONField(default=dict)),
-                ('receiver', models.CharField(blank=True, max_length=200)),
-                ('group_key', models.CharField(blank=True, max_length=500)),
-                ('received_at', models.DateTimeField()),
-                ('outcome', models.CharField(blank=True, max_length=300)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("fingerprint", models.CharField(max_length=64)),
+                ("starts_at", models.DateTimeField()),
+                ("status", models.CharField(max_length=16)),
+                ("labels", models.JSONField(default=dict)),
+                ("annotations", models.JSONField(default=dict)),
+                ("receiver", models.CharField(blank=True, max_length=200)),
+                ("group_key", models.CharField(blank=True, max_length=500)),
+                ("received_at", models.DateTimeField()),
+                ("outcome", models.CharField(blank=True, max_length=300)),
             ],
             options={
-                'ordering': ['-received_at', '-id'],
-                'constraints': [models.UniqueConstraint(fields=('fingerprint', 'starts_at'), name='inbound_alert_once')],
+                "ordering": ["-received_at", "-id"],
+                "constraints": [
+                    models.UniqueConstraint(fields=("fingerprint", "starts_at"), name="inbound_alert_once")
+                ],
             },
         ),
         migrations.CreateModel(
-            name='NotificationGroup',
+            name="NotificationGroup",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('group_key', models.CharField(max_length=500)),
-                ('group_labels', models.JSONField(default=dict)),
-                ('created_at', models.DateTimeField()),
-                ('next_flush_at', models.DateTimeField(db_index=True)),
-                ('last_notified_at', models.DateTimeField(blank=True, null=True)),
-                ('notified_firing', models.JSONField(blank=True, default=list)),
-                ('notified_resolved', models.JSONField(blank=True, default=list)),
-                ('in_flight', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='alerts.delivery')),
-                ('receiver', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='groups', to='alerts.receiver')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("group_key", models.CharField(max_length=500)),
+                ("group_labels", models.JSONField(default=dict)),
+                ("created_at", models.DateTimeField()),
+                ("next_flush_at", models.DateTimeField(db_index=True)),
+                ("last_notified_at", models.DateTimeField(blank=True, null=True)),
+                ("notified_firing", models.JSONField(blank=True, default=list)),
+                ("notified_resolved", models.JSONField(blank=True, default=list)),
+                (
+                    "in_flight",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="alerts.delivery",
+                    ),
+                ),
+                (
+                    "receiver",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="groups", to="alerts.receiver"
+                    ),
+                ),
             ],
         ),
         migrations.AddField(
-            model_name='delivery',
-            name='group',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='deliveries', to='alerts.notificationgroup'),
+            model_name="delivery",
+            name="group",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name="deliveries",
+                to="alerts.notificationgroup",
+            ),
         ),
         migrations.AddField(
-            model_name='delivery',
-            name='receiver',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='deliveries', to='alerts.receiver'),
+            model_name="delivery",
+            name="receiver",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.CASCADE, related_name="deliveries", to="alerts.receiver"
+            ),
         ),
         migrations.CreateModel(
-            name='Route',
+            name="Route",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('position', models.PositiveIntegerField(default=0, help_text='routes are tried in this order')),
-                ('matchers', models.JSONField(blank=True, default=list, help_text='e.g. ["severity=\\"critical\\"", "pool=~\\"gpu-.*\\""]')),
-                ('group_by', models.JSONField(blank=True, default=list, help_text='label names; ["..."]: every label; []: alertname')),
-                ('group_wait_seconds', models.FloatField(default=30.0)),
-                ('group_interval_seconds', models.FloatField(default=300.0)),
-                ('repeat_interval_seconds', models.FloatField(default=14400.0)),
-                ('continue_matching', models.BooleanField(default=False, help_text='after a match, try the routes below too')),
-                ('receiver', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='routes', to='alerts.receiver')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("position", models.PositiveIntegerField(default=0, help_text="routes are tried in this order")),
+                (
+                    "matchers",
+                    models.JSONField(
+                        blank=True, default=list, help_text='e.g. ["severity=\\"critical\\"", "pool=~\\"gpu-.*\\""]'
+                    ),
+                ),
+                (
+                    "group_by",
+                    models.JSONField(
+                        blank=True, default=list, help_text='label names; ["..."]: every label; []: alertname'
+                    ),
+                ),
+                ("group_wait_seconds", models.FloatField(default=30.0)),
+                ("group_interval_seconds", models.FloatField(default=300.0)),
+                ("repeat_interval_seconds", models.FloatField(default=14400.0)),
+                (
+                    "continue_matching",
+                    models.BooleanField(default=False, help_text="after a match, try the routes below too"),
+                ),
+                (
+                    "receiver",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="routes", to="alerts.receiver"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['position', 'id'],
+                "ordering": ["position", "id"],
             },
         ),
         migrations.CreateModel(
-            name='Silence',
+            name="Silence",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('matchers', models.JSONField(help_text="Alertmanager's shape: [{name, value, isRegex, isEqual}]")),
-                ('starts_at', models.DateTimeField()),
-                ('ends_at', models.DateTimeField()),
-                ('created_by', models.CharField(help_text='the author', max_length=150)),
-                ('comment', models.TextField()),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('updated_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('author', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("matchers", models.JSONField(help_text="Alertmanager's shape: [{name, value, isRegex, isEqual}]")),
+                ("starts_at", models.DateTimeField()),
+                ("ends_at", models.DateTimeField()),
+                ("created_by", models.CharField(help_text="the author", max_length=150)),
+                ("comment", models.TextField()),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("updated_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "author",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-ends_at', '-id'],
+                "ordering": ["-ends_at", "-id"],
             },
         ),
         migrations.CreateModel(
-            name='AlertTransition',
+            name="AlertTransition",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('fingerprint', models.CharField(max_length=16)),
-                ('from_state', models.PositiveSmallIntegerField(choices=[(0, 'inactive'), (1, 'resolved'), (2, 'nodata'), (3, 'pending'), (4, 'firing')])),
-                ('to_state', models.PositiveSmallIntegerField(choices=[(0, 'inactive'), (1, 'resolved'), (2, 'nodata'), (3, 'pending'), (4, 'firing')])),
-                ('value', models.FloatField(blank=True, null=True)),
-                ('reason', models.CharField(blank=True, max_length=200)),
-                ('at', models.DateTimeField(db_index=True)),
-                ('alert', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='transitions', to='alerts.alert')),
-                ('rule', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='alerts.alertrule')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("fingerprint", models.CharField(max_length=16)),
+                (
+                    "from_state",
+                    models.PositiveSmallIntegerField(
+                        choices=[(0, "inactive"), (1, "resolved"), (2, "nodata"), (3, "pending"), (4, "firing")]
+                    ),
+                ),
+                (
+                    "to_state",
+                    models.PositiveSmallIntegerField(
+                        choices=[(0, "inactive"), (1, "resolved"), (2, "nodata"), (3, "pending"), (4, "firing")]
+                    ),
+                ),
+                ("value", models.FloatField(blank=True, null=True)),
+                ("reason", models.CharField(blank=True, max_length=200)),
+                ("at", models.DateTimeField(db_index=True)),
+                (
+                    "alert",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="transitions", to="alerts.alert"
+                    ),
+                ),
+                (
+                    "rule",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="alerts.alertrule",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-at', '-id'],
-                'constraints': [models.UniqueConstraint(fields=('fingerprint', 'to_state', 'at'), name='alert_transition_once_per_tick')],
+                "ordering": ["-at", "-id"],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("fingerprint", "to_state", "at"), name="alert_transition_once_per_tick"
+                    )
+                ],
             },
         ),
         migrations.AddConstraint(
-            model_name='notificationgroup',
-            constraint=models.UniqueConstraint(fields=('receiver', 'group_key'), name='alert_group_once'),
+            model_name="notificationgroup",
+            constraint=models.UniqueConstraint(fields=("receiver", "group_key"), name="alert_group_once"),
         ),
         migrations.AddConstraint(
-            model_name='silence',
-            constraint=models.CheckConstraint(condition=models.Q(('ends_at__gte', models.F('starts_at'))), name='silence_ends_after_start'),
+            model_name="silence",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("ends_at__gte", models.F("starts_at"))), name="silence_ends_after_start"
+            ),
         ),
     ]

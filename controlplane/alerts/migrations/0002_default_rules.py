@@ -3,13 +3,13 @@
 from django.db import migrations
 
 
-def install(apps, schema_editor):  # type: ignore[no-untyped-def]
+def install(apps, schema_editor):
     from controlplane.alerts import defaults
 
     defaults.install(apps.get_model("alerts", "AlertRule"))
 
 
-def remove(apps, schema_editor):  # type: ignore[no-untyped-def]
+def remove(apps, schema_editor):
     from controlplane.alerts import defaults
 
     keys = [rule["key"] for rule in defaults.DEFAULT_RULES]

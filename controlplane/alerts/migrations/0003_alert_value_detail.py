@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('alerts', '0002_default_rules'),
+        ("alerts", "0002_default_rules"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='alert',
-            name='value_detail',
-            field=models.CharField(blank=True, help_text='for ratio rules: both sides', max_length=300),
+            model_name="alert",
+            name="value_detail",
+            field=models.CharField(blank=True, help_text="for ratio rules: both sides", max_length=300),
         ),
     ]

@@ -5,15 +5,20 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('alerts', '0003_alert_value_detail'),
+        ("alerts", "0003_alert_value_detail"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='alert',
-            name='rule',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='alerts', to='alerts.alertrule'),
+            model_name="alert",
+            name="rule",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name="alerts",
+                to="alerts.alertrule",
+            ),
         ),
     ]

@@ -5,12 +5,12 @@ page PostgreSQL updates in place (HOT) without touching the five indexes."""
 from django.db import migrations
 
 
-def set_fillfactor(apps, schema_editor):  # type: ignore[no-untyped-def]
+def set_fillfactor(apps, schema_editor):
     if schema_editor.connection.vendor == "postgresql":
         schema_editor.execute("ALTER TABLE alerts_alert SET (fillfactor = 70)")
 
 
-def reset_fillfactor(apps, schema_editor):  # type: ignore[no-untyped-def]
+def reset_fillfactor(apps, schema_editor):
     if schema_editor.connection.vendor == "postgresql":
         schema_editor.execute("ALTER TABLE alerts_alert RESET (fillfactor)")
 

@@ -28,4 +28,4 @@ class DeliveryError(Exception):
 
 
 def channel(kind: str) -> Callable[[Any, Any], None]:
-    return import_string(CHANNELS[kind])  # type: ignore[no-any-return]
+    return import_string(CHANNELS[kind])

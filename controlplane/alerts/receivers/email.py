@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
 from django.core.mail import send_mail
 
+from controlplane.alerts import conf
 from controlplane.alerts.receivers import DeliveryError
 from controlplane.alerts.routing import summary_line
 
@@ -20,7 +20,9 @@ def render(message: Any) -> tuple[str, str]:
         for key in ("summary", "description", "value", "value_detail", "runbook_url", "dashboard_url"):
             if alert["annotations"].get(key):
                 lines.append(f"  {key}: {alert['annotations'][key]}")
-        lines.append(f"  since {alert['startsAt']}" + (f", ended {alert['endsAt']}" if alert["status"] == "resolved" else ""))
+        lines.append(
+            f"  since {alert['startsAt']}" + (f", ended {alert['endsAt']}" if alert["status"] == "resolved" else "")
+        )
         if alert.get("generatorURL"):
             lines.append(f"  {alert['generatorURL']}")
         lines.append("")
@@ -32,7 +34,7 @@ def render(message: Any) -> tuple[str, str]:
 
 def send(receiver: Any, message: Any) -> None:
     subject, body = render(message)
-    sender = getattr(settings, "ALERT_EMAIL_FROM", None) or settings.DEFAULT_FROM_EMAIL
+    sender = conf.ALERT_EMAIL_FROM.get()
     try:
         send_mail(subject, body, sender, list(receiver.emails), fail_silently=False)
     except Exception as exc:  # SMTP errors come in many classes

@@ -15,7 +15,7 @@ def post_json(url: str, body: Any, bearer_token: str = "") -> None:
     if bearer_token:
         headers["Authorization"] = f"Bearer {bearer_token}"
     try:
-        response = httpx.post(url, json=body, headers=headers, timeout=conf.delivery_timeout_seconds())
+        response = httpx.post(url, json=body, headers=headers, timeout=conf.ALERT_DELIVERY_TIMEOUT_SECONDS.get())
     except httpx.HTTPError as exc:
         raise DeliveryError(f"{type(exc).__name__}: {exc}"[:300]) from exc
     if response.status_code // 100 != 2:

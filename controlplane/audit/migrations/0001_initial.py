@@ -8,7 +8,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
@@ -17,22 +16,40 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.CreateModel(
-            name='AuditEvent',
+            name="AuditEvent",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('time', models.DateTimeField(db_index=True, default=django.utils.timezone.now)),
-                ('actor_repr', models.CharField(help_text='username, or system:<what> / worker:<name>', max_length=150)),
-                ('action', models.CharField(db_index=True, max_length=64)),
-                ('object_type', models.CharField(help_text='app_label.model, e.g. fleet.pool', max_length=64)),
-                ('object_id', models.CharField(max_length=64)),
-                ('object_repr', models.CharField(max_length=200)),
-                ('before', models.JSONField(blank=True, encoder=django.core.serializers.json.DjangoJSONEncoder, null=True)),
-                ('after', models.JSONField(blank=True, encoder=django.core.serializers.json.DjangoJSONEncoder, null=True)),
-                ('actor', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("time", models.DateTimeField(db_index=True, default=django.utils.timezone.now)),
+                (
+                    "actor_repr",
+                    models.CharField(help_text="username, or system:<what> / worker:<name>", max_length=150),
+                ),
+                ("action", models.CharField(db_index=True, max_length=64)),
+                ("object_type", models.CharField(help_text="app_label.model, e.g. fleet.pool", max_length=64)),
+                ("object_id", models.CharField(max_length=64)),
+                ("object_repr", models.CharField(max_length=200)),
+                (
+                    "before",
+                    models.JSONField(blank=True, encoder=django.core.serializers.json.DjangoJSONEncoder, null=True),
+                ),
+                (
+                    "after",
+                    models.JSONField(blank=True, encoder=django.core.serializers.json.DjangoJSONEncoder, null=True),
+                ),
+                (
+                    "actor",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-time', '-id'],
-                'indexes': [models.Index(fields=['object_type', 'object_id', '-time'], name='audit_object_time')],
+                "ordering": ["-time", "-id"],
+                "indexes": [models.Index(fields=["object_type", "object_id", "-time"], name="audit_object_time")],
             },
         ),
     ]

@@ -9,76 +9,168 @@ import controlplane.fleet.health
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('profiles', '0001_initial'),
+        ("profiles", "0001_initial"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Pool',
+            name="Pool",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.SlugField(max_length=100, unique=True)),
-                ('description', models.TextField(blank=True)),
-                ('created', models.DateTimeField(default=django.utils.timezone.now)),
-                ('desired_revision', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='pools', to='profiles.profilerevision')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("name", models.SlugField(max_length=100, unique=True)),
+                ("description", models.TextField(blank=True)),
+                ("created", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "desired_revision",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="pools",
+                        to="profiles.profilerevision",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['name'],
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='EnrollmentToken',
+            name="EnrollmentToken",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(help_text="what the token is for, e.g. 'rack 4 GPUs'", max_length=100)),
-                ('token_hash', models.CharField(editable=False, max_length=64, unique=True)),
-                ('token_prefix', models.CharField(editable=False, help_text='shown to tell tokens apart', max_length=12)),
-                ('max_uses', models.PositiveIntegerField(blank=True, help_text='null: unlimited', null=True)),
-                ('num_uses', models.PositiveIntegerField(default=0)),
-                ('expires_at', models.DateTimeField(blank=True, help_text='null: never', null=True)),
-                ('created', models.DateTimeField(default=django.utils.timezone.now)),
-                ('created_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('pool', models.ForeignKey(blank=True, help_text='workers that enroll with this token join this pool', null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='enrollment_tokens', to='fleet.pool')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("name", models.CharField(help_text="what the token is for, e.g. 'rack 4 GPUs'", max_length=100)),
+                ("token_hash", models.CharField(editable=False, max_length=64, unique=True)),
+                (
+                    "token_prefix",
+                    models.CharField(editable=False, help_text="shown to tell tokens apart", max_length=12),
+                ),
+                ("max_uses", models.PositiveIntegerField(blank=True, help_text="null: unlimited", null=True)),
+                ("num_uses", models.PositiveIntegerField(default=0)),
+                ("expires_at", models.DateTimeField(blank=True, help_text="null: never", null=True)),
+                ("created", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "created_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "pool",
+                    models.ForeignKey(
+                        blank=True,
+                        help_text="workers that enroll with this token join this pool",
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="enrollment_tokens",
+                        to="fleet.pool",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created', '-id'],
+                "ordering": ["-created", "-id"],
             },
         ),
         migrations.CreateModel(
-            name='Worker',
+            name="Worker",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=100, unique=True)),
-                ('url', models.URLField(help_text="where the worker's OpenAI server listens", max_length=300)),
-                ('labels', models.JSONField(blank=True, default=dict)),
-                ('hardware', models.JSONField(blank=True, default=dict)),
-                ('engine_kind', models.CharField(choices=[('reference', 'reference'), ('vllm', 'vllm')], default='reference', max_length=16)),
-                ('model', models.CharField(blank=True, max_length=200)),
-                ('max_model_len', models.PositiveIntegerField(default=0, help_text='0: unknown')),
-                ('state', models.PositiveSmallIntegerField(choices=[(0, 'registering'), (1, 'ready'), (2, 'draining'), (3, 'applying'), (4, 'unhealthy'), (5, 'offline')], db_index=True, default=controlplane.fleet.health.State['REGISTERING'])),
-                ('state_changed_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('cordoned', models.BooleanField(default=False, help_text='the gateway sends it no new requests')),
-                ('drain_requested', models.BooleanField(default=False, help_text='the agent is told to stop admitting')),
-                ('last_heartbeat_at', models.DateTimeField(blank=True, null=True)),
-                ('load', models.JSONField(blank=True, default=dict)),
-                ('running_profile', models.JSONField(blank=True, default=dict, help_text='as the agent reported it, in full')),
-                ('apply_error', models.TextField(blank=True, help_text="why the agent's last apply failed")),
-                ('drift_since', models.DateTimeField(blank=True, db_index=True, null=True)),
-                ('secret_hash', models.CharField(blank=True, editable=False, max_length=64, null=True, unique=True)),
-                ('registered_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('desired_revision', models.ForeignKey(blank=True, help_text="per-worker override of the pool's desired revision; null: the pool's", null=True, on_delete=django.db.models.deletion.PROTECT, related_name='workers_desiring', to='profiles.profilerevision')),
-                ('enrollment_token', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='workers', to='fleet.enrollmenttoken')),
-                ('pool', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='workers', to='fleet.pool')),
-                ('running_revision', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='workers_running', to='profiles.profilerevision')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("name", models.CharField(max_length=100, unique=True)),
+                ("url", models.URLField(help_text="where the worker's OpenAI server listens", max_length=300)),
+                ("labels", models.JSONField(blank=True, default=dict)),
+                ("hardware", models.JSONField(blank=True, default=dict)),
+                (
+                    "engine_kind",
+                    models.CharField(
+                        choices=[("reference", "reference"), ("vllm", "vllm")], default="reference", max_length=16
+                    ),
+                ),
+                ("model", models.CharField(blank=True, max_length=200)),
+                ("max_model_len", models.PositiveIntegerField(default=0, help_text="0: unknown")),
+                (
+                    "state",
+                    models.PositiveSmallIntegerField(
+                        choices=[
+                            (0, "registering"),
+                            (1, "ready"),
+                            (2, "draining"),
+                            (3, "applying"),
+                            (4, "unhealthy"),
+                            (5, "offline"),
+                        ],
+                        db_index=True,
+                        default=controlplane.fleet.health.WorkerState["REGISTERING"],
+                    ),
+                ),
+                ("state_changed_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("cordoned", models.BooleanField(default=False, help_text="the gateway sends it no new requests")),
+                (
+                    "drain_requested",
+                    models.BooleanField(default=False, help_text="the agent is told to stop admitting"),
+                ),
+                ("last_heartbeat_at", models.DateTimeField(blank=True, null=True)),
+                ("load", models.JSONField(blank=True, default=dict)),
+                (
+                    "running_profile",
+                    models.JSONField(blank=True, default=dict, help_text="as the agent reported it, in full"),
+                ),
+                ("apply_error", models.TextField(blank=True, help_text="why the agent's last apply failed")),
+                ("drift_since", models.DateTimeField(blank=True, db_index=True, null=True)),
+                ("secret_hash", models.CharField(blank=True, editable=False, max_length=64, null=True, unique=True)),
+                ("registered_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "desired_revision",
+                    models.ForeignKey(
+                        blank=True,
+                        help_text="per-worker override of the pool's desired revision; null: the pool's",
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="workers_desiring",
+                        to="profiles.profilerevision",
+                    ),
+                ),
+                (
+                    "enrollment_token",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="workers",
+                        to="fleet.enrollmenttoken",
+                    ),
+                ),
+                (
+                    "pool",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="workers",
+                        to="fleet.pool",
+                    ),
+                ),
+                (
+                    "running_revision",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="workers_running",
+                        to="profiles.profilerevision",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['name'],
-                'indexes': [models.Index(fields=['state', 'last_heartbeat_at'], name='worker_state_heartbeat')],
+                "ordering": ["name"],
+                "indexes": [models.Index(fields=["state", "last_heartbeat_at"], name="worker_state_heartbeat")],
             },
         ),
     ]

@@ -9,86 +9,182 @@ import controlplane.gateway.models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('fleet', '0001_initial'),
-        ('profiles', '0001_initial'),
+        ("fleet", "0001_initial"),
+        ("profiles", "0001_initial"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='RoutingTable',
+            name="RoutingTable",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('model', models.CharField(help_text='the model name clients send', max_length=200, unique=True)),
-                ('salt', models.CharField(default=controlplane.gateway.models.new_salt, help_text='changing it reshuffles every sticky key', max_length=64)),
-                ('epoch', models.PositiveBigIntegerField(default=1, help_text='bumped by every change; gateways ack it')),
-                ('updated_at', models.DateTimeField(default=django.utils.timezone.now)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("model", models.CharField(help_text="the model name clients send", max_length=200, unique=True)),
+                (
+                    "salt",
+                    models.CharField(
+                        default=controlplane.gateway.models.new_salt,
+                        help_text="changing it reshuffles every sticky key",
+                        max_length=64,
+                    ),
+                ),
+                (
+                    "epoch",
+                    models.PositiveBigIntegerField(default=1, help_text="bumped by every change; gateways ack it"),
+                ),
+                ("updated_at", models.DateTimeField(default=django.utils.timezone.now)),
             ],
             options={
-                'ordering': ['model'],
+                "ordering": ["model"],
             },
         ),
         migrations.CreateModel(
-            name='ClientKey',
+            name="ClientKey",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(help_text="whose key, e.g. 'search frontend'", max_length=100)),
-                ('key_hash', models.CharField(editable=False, max_length=64, unique=True)),
-                ('key_prefix', models.CharField(editable=False, help_text='shown to tell keys apart', max_length=12)),
-                ('is_admin', models.BooleanField(default=False, help_text='may force a cohort with x-chunkpilot-cohort')),
-                ('active', models.BooleanField(default=True)),
-                ('created', models.DateTimeField(default=django.utils.timezone.now)),
-                ('last_used', models.DateTimeField(blank=True, help_text="as of the gateways' last log flush", null=True)),
-                ('created_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("name", models.CharField(help_text="whose key, e.g. 'search frontend'", max_length=100)),
+                ("key_hash", models.CharField(editable=False, max_length=64, unique=True)),
+                ("key_prefix", models.CharField(editable=False, help_text="shown to tell keys apart", max_length=12)),
+                (
+                    "is_admin",
+                    models.BooleanField(default=False, help_text="may force a cohort with x-chunkpilot-cohort"),
+                ),
+                ("active", models.BooleanField(default=True)),
+                ("created", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "last_used",
+                    models.DateTimeField(blank=True, help_text="as of the gateways' last log flush", null=True),
+                ),
+                (
+                    "created_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'ordering': ['name', 'id'],
+                "ordering": ["name", "id"],
             },
         ),
         migrations.CreateModel(
-            name='RequestLog',
+            name="RequestLog",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('request_id', models.CharField(max_length=64)),
-                ('created_at', models.DateTimeField(help_text='arrival at the gateway')),
-                ('model', models.CharField(max_length=200)),
-                ('cohort', models.CharField(blank=True, help_text="the pool's role: stable, canary, baseline", max_length=16)),
-                ('prompt_tokens', models.PositiveIntegerField(null=True)),
-                ('cached_tokens', models.PositiveIntegerField(null=True)),
-                ('output_tokens', models.PositiveIntegerField(null=True)),
-                ('ttft_seconds', models.FloatField(help_text='arrival → first generated text; streams only', null=True)),
-                ('max_gap_seconds', models.FloatField(help_text='largest gap between two token events (stall)', null=True)),
-                ('tpot_seconds', models.FloatField(help_text='time per output token after the first', null=True)),
-                ('e2e_seconds', models.FloatField(help_text='arrival → end of the response', null=True)),
-                ('status', models.PositiveSmallIntegerField(help_text='HTTP status the client got; 499: it went away')),
-                ('error', models.TextField(blank=True)),
-                ('stream', models.BooleanField(default=False)),
-                ('api_key', models.ForeignKey(null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='gateway.clientkey')),
-                ('pool', models.ForeignKey(db_index=False, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='fleet.pool')),
-                ('profile_revision', models.ForeignKey(null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='profiles.profilerevision')),
-                ('worker', models.ForeignKey(db_index=False, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='fleet.worker')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("request_id", models.CharField(max_length=64)),
+                ("created_at", models.DateTimeField(help_text="arrival at the gateway")),
+                ("model", models.CharField(max_length=200)),
+                (
+                    "cohort",
+                    models.CharField(blank=True, help_text="the pool's role: stable, canary, baseline", max_length=16),
+                ),
+                ("prompt_tokens", models.PositiveIntegerField(null=True)),
+                ("cached_tokens", models.PositiveIntegerField(null=True)),
+                ("output_tokens", models.PositiveIntegerField(null=True)),
+                (
+                    "ttft_seconds",
+                    models.FloatField(help_text="arrival → first generated text; streams only", null=True),
+                ),
+                (
+                    "max_gap_seconds",
+                    models.FloatField(help_text="largest gap between two token events (stall)", null=True),
+                ),
+                ("tpot_seconds", models.FloatField(help_text="time per output token after the first", null=True)),
+                ("e2e_seconds", models.FloatField(help_text="arrival → end of the response", null=True)),
+                ("status", models.PositiveSmallIntegerField(help_text="HTTP status the client got; 499: it went away")),
+                ("error", models.TextField(blank=True)),
+                ("stream", models.BooleanField(default=False)),
+                (
+                    "api_key",
+                    models.ForeignKey(
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="gateway.clientkey",
+                    ),
+                ),
+                (
+                    "pool",
+                    models.ForeignKey(
+                        db_index=False,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="fleet.pool",
+                    ),
+                ),
+                (
+                    "profile_revision",
+                    models.ForeignKey(
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="profiles.profilerevision",
+                    ),
+                ),
+                (
+                    "worker",
+                    models.ForeignKey(
+                        db_index=False,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="fleet.worker",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at', '-id'],
-                'indexes': [models.Index(fields=['created_at'], name='reqlog_time'), models.Index(fields=['cohort', 'created_at'], name='reqlog_cohort_time'), models.Index(fields=['pool', 'created_at'], name='reqlog_pool_time'), models.Index(fields=['worker', 'created_at'], name='reqlog_worker_time')],
+                "ordering": ["-created_at", "-id"],
+                "indexes": [
+                    models.Index(fields=["created_at"], name="reqlog_time"),
+                    models.Index(fields=["cohort", "created_at"], name="reqlog_cohort_time"),
+                    models.Index(fields=["pool", "created_at"], name="reqlog_pool_time"),
+                    models.Index(fields=["worker", "created_at"], name="reqlog_worker_time"),
+                ],
             },
         ),
         migrations.CreateModel(
-            name='RoutingPool',
+            name="RoutingPool",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('role', models.CharField(choices=[('canary', 'canary'), ('baseline', 'baseline'), ('stable', 'stable')], max_length=16)),
-                ('weight_bp', models.PositiveIntegerField(default=0, help_text='share of traffic in basis points (10000 = all)')),
-                ('pool', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='routes', to='fleet.pool')),
-                ('table', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='pools', to='gateway.routingtable')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                (
+                    "role",
+                    models.CharField(
+                        choices=[("canary", "canary"), ("baseline", "baseline"), ("stable", "stable")], max_length=16
+                    ),
+                ),
+                (
+                    "weight_bp",
+                    models.PositiveIntegerField(default=0, help_text="share of traffic in basis points (10000 = all)"),
+                ),
+                (
+                    "pool",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, related_name="routes", to="fleet.pool"
+                    ),
+                ),
+                (
+                    "table",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="pools", to="gateway.routingtable"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['table', 'role'],
-                'constraints': [models.UniqueConstraint(fields=('table', 'pool'), name='routing_pool_once_per_table'), models.UniqueConstraint(fields=('table', 'role'), name='routing_role_once_per_table'), models.CheckConstraint(condition=models.Q(('weight_bp__lte', 10000)), name='routing_weight_at_most_all')],
+                "ordering": ["table", "role"],
+                "constraints": [
+                    models.UniqueConstraint(fields=("table", "pool"), name="routing_pool_once_per_table"),
+                    models.UniqueConstraint(fields=("table", "role"), name="routing_role_once_per_table"),
+                    models.CheckConstraint(
+                        condition=models.Q(("weight_bp__lte", 10000)), name="routing_weight_at_most_all"
+                    ),
+                ],
             },
         ),
     ]

@@ -6,124 +6,176 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('fleet', '0001_initial'),
+        ("fleet", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='ScrapeRound',
+            name="ScrapeRound",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('started_at', models.DateTimeField(db_index=True)),
-                ('finished_at', models.DateTimeField(null=True)),
-                ('num_targets', models.PositiveIntegerField(default=0)),
-                ('num_failed', models.PositiveIntegerField(default=0)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("started_at", models.DateTimeField(db_index=True)),
+                ("finished_at", models.DateTimeField(null=True)),
+                ("num_targets", models.PositiveIntegerField(default=0)),
+                ("num_failed", models.PositiveIntegerField(default=0)),
             ],
             options={
-                'ordering': ['-started_at'],
+                "ordering": ["-started_at"],
             },
         ),
         migrations.CreateModel(
-            name='SeriesLayout',
+            name="SeriesLayout",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('digest', models.CharField(max_length=40, unique=True)),
-                ('keys', models.JSONField()),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("digest", models.CharField(max_length=40, unique=True)),
+                ("keys", models.JSONField()),
             ],
         ),
         migrations.CreateModel(
-            name='ServiceObjectives',
+            name="ServiceObjectives",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('ttft_seconds', models.FloatField(default=2.0, help_text="a request's time to first token must be at most this")),
-                ('tpot_seconds', models.FloatField(default=0.1, help_text='and its time per output token at most this')),
-                ('updated_at', models.DateTimeField(default=django.utils.timezone.now)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                (
+                    "ttft_seconds",
+                    models.FloatField(default=2.0, help_text="a request's time to first token must be at most this"),
+                ),
+                (
+                    "tpot_seconds",
+                    models.FloatField(default=0.1, help_text="and its time per output token at most this"),
+                ),
+                ("updated_at", models.DateTimeField(default=django.utils.timezone.now)),
             ],
         ),
         migrations.CreateModel(
-            name='ScrapeStatus',
+            name="ScrapeStatus",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('up', models.BooleanField(default=False)),
-                ('last_attempt_at', models.DateTimeField(null=True)),
-                ('last_success_at', models.DateTimeField(null=True)),
-                ('last_duration_seconds', models.FloatField(null=True)),
-                ('last_error', models.CharField(blank=True, max_length=300)),
-                ('num_consecutive_failures', models.PositiveIntegerField(default=0)),
-                ('worker', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, related_name='scrape_status', to='fleet.worker')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("up", models.BooleanField(default=False)),
+                ("last_attempt_at", models.DateTimeField(null=True)),
+                ("last_success_at", models.DateTimeField(null=True)),
+                ("last_duration_seconds", models.FloatField(null=True)),
+                ("last_error", models.CharField(blank=True, max_length=300)),
+                ("num_consecutive_failures", models.PositiveIntegerField(default=0)),
+                (
+                    "worker",
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="scrape_status", to="fleet.worker"
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='Target',
+            name="Target",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('worker_name', models.CharField(max_length=100)),
-                ('pool_name', models.CharField(blank=True, max_length=100)),
-                ('cohort', models.CharField(blank=True, help_text="the pool's role in the routing table; blank: unrouted", max_length=32)),
-                ('first_at', models.DateTimeField()),
-                ('last_at', models.DateTimeField(db_index=True)),
-                ('num_samples', models.PositiveIntegerField(default=0)),
-                ('num_rollups', models.PositiveIntegerField(default=0)),
-                ('last_raw', models.BinaryField()),
-                ('offsets', models.BinaryField()),
-                ('rollup_minute', models.DateTimeField(null=True)),
-                ('rollup_peak_bytes', models.FloatField(null=True)),
-                ('rollup_num_samples', models.PositiveIntegerField(default=0)),
-                ('layout', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='metrics.serieslayout')),
-                ('worker', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='metric_targets', to='fleet.worker')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("worker_name", models.CharField(max_length=100)),
+                ("pool_name", models.CharField(blank=True, max_length=100)),
+                (
+                    "cohort",
+                    models.CharField(
+                        blank=True, help_text="the pool's role in the routing table; blank: unrouted", max_length=32
+                    ),
+                ),
+                ("first_at", models.DateTimeField()),
+                ("last_at", models.DateTimeField(db_index=True)),
+                ("num_samples", models.PositiveIntegerField(default=0)),
+                ("num_rollups", models.PositiveIntegerField(default=0)),
+                ("last_raw", models.BinaryField()),
+                ("offsets", models.BinaryField()),
+                ("rollup_minute", models.DateTimeField(null=True)),
+                ("rollup_peak_bytes", models.FloatField(null=True)),
+                ("rollup_num_samples", models.PositiveIntegerField(default=0)),
+                (
+                    "layout",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, related_name="+", to="metrics.serieslayout"
+                    ),
+                ),
+                (
+                    "worker",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="metric_targets",
+                        to="fleet.worker",
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='Snapshot',
+            name="Snapshot",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('ts', models.DateTimeField()),
-                ('seq', models.PositiveIntegerField(help_text="this target's sample number, from 1")),
-                ('peak_memory_bytes', models.FloatField(null=True)),
-                ('values', models.BinaryField()),
-                ('target', models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='+', to='metrics.target')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("ts", models.DateTimeField()),
+                ("seq", models.PositiveIntegerField(help_text="this target's sample number, from 1")),
+                ("peak_memory_bytes", models.FloatField(null=True)),
+                ("values", models.BinaryField()),
+                (
+                    "target",
+                    models.ForeignKey(
+                        db_index=False,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="+",
+                        to="metrics.target",
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='Rollup',
+            name="Rollup",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('minute', models.DateTimeField()),
-                ('last_ts', models.DateTimeField(help_text="the minute's last scrape; the totals are as of then")),
-                ('seq', models.PositiveIntegerField(help_text="this target's minute number, from 1")),
-                ('num_samples', models.PositiveSmallIntegerField()),
-                ('peak_memory_bytes', models.FloatField(help_text="max over the minute's scrapes", null=True)),
-                ('values', models.BinaryField()),
-                ('target', models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='+', to='metrics.target')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("minute", models.DateTimeField()),
+                ("last_ts", models.DateTimeField(help_text="the minute's last scrape; the totals are as of then")),
+                ("seq", models.PositiveIntegerField(help_text="this target's minute number, from 1")),
+                ("num_samples", models.PositiveSmallIntegerField()),
+                ("peak_memory_bytes", models.FloatField(help_text="max over the minute's scrapes", null=True)),
+                ("values", models.BinaryField()),
+                (
+                    "target",
+                    models.ForeignKey(
+                        db_index=False,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="+",
+                        to="metrics.target",
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='CounterReset',
+            name="CounterReset",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('ts', models.DateTimeField()),
-                ('offsets', models.BinaryField(help_text="the target's offsets from this scrape on")),
-                ('target', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='resets', to='metrics.target')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("ts", models.DateTimeField()),
+                ("offsets", models.BinaryField(help_text="the target's offsets from this scrape on")),
+                (
+                    "target",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="resets", to="metrics.target"
+                    ),
+                ),
             ],
         ),
         migrations.AddConstraint(
-            model_name='target',
-            constraint=models.UniqueConstraint(fields=('worker_name', 'pool_name', 'cohort', 'layout'), name='metrics_target_identity'),
+            model_name="target",
+            constraint=models.UniqueConstraint(
+                fields=("worker_name", "pool_name", "cohort", "layout"), name="metrics_target_identity"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='snapshot',
-            constraint=models.UniqueConstraint(fields=('target', 'ts'), name='metrics_snapshot_target_ts'),
+            model_name="snapshot",
+            constraint=models.UniqueConstraint(fields=("target", "ts"), name="metrics_snapshot_target_ts"),
         ),
         migrations.AddConstraint(
-            model_name='rollup',
-            constraint=models.UniqueConstraint(fields=('target', 'minute'), name='metrics_rollup_target_minute'),
+            model_name="rollup",
+            constraint=models.UniqueConstraint(fields=("target", "minute"), name="metrics_rollup_target_minute"),
         ),
         migrations.AddIndex(
-            model_name='counterreset',
-            index=models.Index(fields=['target', 'ts'], name='metrics_reset_target_ts'),
+            model_name="counterreset",
+            index=models.Index(fields=["target", "ts"], name="metrics_reset_target_ts"),
         ),
     ]

@@ -7,7 +7,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
@@ -16,32 +15,53 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.CreateModel(
-            name='Profile',
+            name="Profile",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.SlugField(max_length=100, unique=True)),
-                ('engine_kind', models.CharField(choices=[('reference', 'reference'), ('vllm', 'vllm')], default='reference', max_length=16)),
-                ('description', models.TextField(blank=True)),
-                ('created', models.DateTimeField(default=django.utils.timezone.now)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("name", models.SlugField(max_length=100, unique=True)),
+                (
+                    "engine_kind",
+                    models.CharField(
+                        choices=[("reference", "reference"), ("vllm", "vllm")], default="reference", max_length=16
+                    ),
+                ),
+                ("description", models.TextField(blank=True)),
+                ("created", models.DateTimeField(default=django.utils.timezone.now)),
             ],
             options={
-                'ordering': ['name'],
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='ProfileRevision',
+            name="ProfileRevision",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('revision', models.PositiveIntegerField()),
-                ('fields', models.JSONField(help_text='EngineProfile.to_dict(): every knob, in full')),
-                ('created', models.DateTimeField(default=django.utils.timezone.now)),
-                ('comment', models.CharField(blank=True, max_length=500)),
-                ('author', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('profile', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='revisions', to='profiles.profile')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("revision", models.PositiveIntegerField()),
+                ("fields", models.JSONField(help_text="EngineProfile.to_dict(): every knob, in full")),
+                ("created", models.DateTimeField(default=django.utils.timezone.now)),
+                ("comment", models.CharField(blank=True, max_length=500)),
+                (
+                    "author",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "profile",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="revisions", to="profiles.profile"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['profile__name', 'revision'],
-                'constraints': [models.UniqueConstraint(fields=('profile', 'revision'), name='profile_revision_unique')],
+                "ordering": ["profile__name", "revision"],
+                "constraints": [
+                    models.UniqueConstraint(fields=("profile", "revision"), name="profile_revision_unique")
+                ],
             },
         ),
     ]

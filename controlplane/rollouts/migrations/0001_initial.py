@@ -7,142 +7,332 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('fleet', '0001_initial'),
-        ('gateway', '0001_initial'),
-        ('profiles', '0001_initial'),
+        ("fleet", "0001_initial"),
+        ("gateway", "0001_initial"),
+        ("profiles", "0001_initial"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='AnalysisRun',
+            name="AnalysisRun",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('attempt', models.PositiveIntegerField()),
-                ('step_index', models.PositiveIntegerField()),
-                ('template_name', models.CharField(max_length=100)),
-                ('spec', models.JSONField(help_text='the template as it was when the run started')),
-                ('phase', models.PositiveSmallIntegerField(choices=[(0, 'pending'), (1, 'running'), (2, 'successful'), (3, 'inconclusive'), (4, 'error'), (5, 'failed')], default=0)),
-                ('message', models.TextField(blank=True)),
-                ('results', models.JSONField(blank=True, default=dict, help_text="per metric: Argo's counters")),
-                ('canary_pool_name', models.CharField(max_length=100)),
-                ('baseline_pool_name', models.CharField(max_length=100)),
-                ('started_at', models.DateTimeField()),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('terminated', models.BooleanField(default=False, help_text='stopped before a verdict (skip, promote, abort)')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("attempt", models.PositiveIntegerField()),
+                ("step_index", models.PositiveIntegerField()),
+                ("template_name", models.CharField(max_length=100)),
+                ("spec", models.JSONField(help_text="the template as it was when the run started")),
+                (
+                    "phase",
+                    models.PositiveSmallIntegerField(
+                        choices=[
+                            (0, "pending"),
+                            (1, "running"),
+                            (2, "successful"),
+                            (3, "inconclusive"),
+                            (4, "error"),
+                            (5, "failed"),
+                        ],
+                        default=0,
+                    ),
+                ),
+                ("message", models.TextField(blank=True)),
+                ("results", models.JSONField(blank=True, default=dict, help_text="per metric: Argo's counters")),
+                ("canary_pool_name", models.CharField(max_length=100)),
+                ("baseline_pool_name", models.CharField(max_length=100)),
+                ("started_at", models.DateTimeField()),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "terminated",
+                    models.BooleanField(default=False, help_text="stopped before a verdict (skip, promote, abort)"),
+                ),
             ],
             options={
-                'ordering': ['attempt', 'step_index'],
+                "ordering": ["attempt", "step_index"],
             },
         ),
         migrations.CreateModel(
-            name='AnalysisTemplate',
+            name="AnalysisTemplate",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.SlugField(max_length=100, unique=True)),
-                ('description', models.TextField(blank=True)),
-                ('metrics', models.JSONField(default=list, help_text='[{name, figure, direction, test, max_ratio, floor, min_samples}]')),
-                ('interval_seconds', models.FloatField(default=30.0, help_text='between measurements')),
-                ('count', models.PositiveIntegerField(default=3, help_text='measurements for a verdict')),
-                ('initial_delay_seconds', models.FloatField(default=0.0, help_text='before the first measurement')),
-                ('window_seconds', models.FloatField(blank=True, help_text='each measurement looks back this far; empty: the interval', null=True)),
-                ('failure_limit', models.PositiveIntegerField(default=0, help_text='failed measurements tolerated per metric')),
-                ('inconclusive_limit', models.PositiveIntegerField(default=0, help_text='inconclusive measurements tolerated per metric')),
-                ('consecutive_error_limit', models.PositiveIntegerField(default=2, help_text='errors in a row tolerated per metric')),
-                ('created', models.DateTimeField(default=django.utils.timezone.now)),
-                ('updated', models.DateTimeField(default=django.utils.timezone.now)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("name", models.SlugField(max_length=100, unique=True)),
+                ("description", models.TextField(blank=True)),
+                (
+                    "metrics",
+                    models.JSONField(
+                        default=list, help_text="[{name, figure, direction, test, max_ratio, floor, min_samples}]"
+                    ),
+                ),
+                ("interval_seconds", models.FloatField(default=30.0, help_text="between measurements")),
+                ("count", models.PositiveIntegerField(default=3, help_text="measurements for a verdict")),
+                ("initial_delay_seconds", models.FloatField(default=0.0, help_text="before the first measurement")),
+                (
+                    "window_seconds",
+                    models.FloatField(
+                        blank=True, help_text="each measurement looks back this far; empty: the interval", null=True
+                    ),
+                ),
+                (
+                    "failure_limit",
+                    models.PositiveIntegerField(default=0, help_text="failed measurements tolerated per metric"),
+                ),
+                (
+                    "inconclusive_limit",
+                    models.PositiveIntegerField(default=0, help_text="inconclusive measurements tolerated per metric"),
+                ),
+                (
+                    "consecutive_error_limit",
+                    models.PositiveIntegerField(default=2, help_text="errors in a row tolerated per metric"),
+                ),
+                ("created", models.DateTimeField(default=django.utils.timezone.now)),
+                ("updated", models.DateTimeField(default=django.utils.timezone.now)),
             ],
             options={
-                'ordering': ['name'],
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='Measurement',
+            name="Measurement",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('taken_at', models.DateTimeField()),
-                ('window_seconds', models.FloatField()),
-                ('phase', models.PositiveSmallIntegerField(choices=[(0, 'pending'), (1, 'running'), (2, 'successful'), (3, 'inconclusive'), (4, 'error'), (5, 'failed')], help_text="the worst metric's verdict")),
-                ('verdicts', models.JSONField(default=list, help_text='per metric: values, samples, ratio, verdict, reason')),
-                ('weights', models.JSONField(blank=True, default=dict, help_text='the routing weights it was taken under')),
-                ('run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='measurements', to='rollouts.analysisrun')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("taken_at", models.DateTimeField()),
+                ("window_seconds", models.FloatField()),
+                (
+                    "phase",
+                    models.PositiveSmallIntegerField(
+                        choices=[
+                            (0, "pending"),
+                            (1, "running"),
+                            (2, "successful"),
+                            (3, "inconclusive"),
+                            (4, "error"),
+                            (5, "failed"),
+                        ],
+                        help_text="the worst metric's verdict",
+                    ),
+                ),
+                (
+                    "verdicts",
+                    models.JSONField(default=list, help_text="per metric: values, samples, ratio, verdict, reason"),
+                ),
+                (
+                    "weights",
+                    models.JSONField(blank=True, default=dict, help_text="the routing weights it was taken under"),
+                ),
+                (
+                    "run",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="measurements",
+                        to="rollouts.analysisrun",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['taken_at', 'id'],
+                "ordering": ["taken_at", "id"],
             },
         ),
         migrations.CreateModel(
-            name='Rollout',
+            name="Rollout",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('steps', models.JSONField(default=list, help_text='the step plan (steps.py)')),
-                ('progress_deadline_seconds', models.FloatField(default=600.0)),
-                ('gate', models.JSONField(blank=True, default=dict, help_text='consistency gate: {enabled, prompts, max_tokens}')),
-                ('fast_track', models.BooleanField(default=False, help_text='a rollback: no steps, no gate')),
-                ('created', models.DateTimeField(default=django.utils.timezone.now)),
-                ('phase', models.PositiveSmallIntegerField(choices=[(0, 'pending'), (1, 'progressing'), (2, 'paused'), (3, 'promoting'), (4, 'aborting'), (5, 'aborted'), (6, 'succeeded')], db_index=True, default=0)),
-                ('step_index', models.PositiveIntegerField(default=0)),
-                ('step_started_at', models.DateTimeField(blank=True, null=True)),
-                ('pause_conditions', models.JSONField(blank=True, default=list, help_text='[{reason, since}]')),
-                ('weights', models.JSONField(blank=True, default=dict, help_text='role → basis points, as last seen')),
-                ('message', models.TextField(blank=True)),
-                ('abort_reason', models.TextField(blank=True)),
-                ('attempt', models.PositiveIntegerField(default=1, help_text='bumped by each retry')),
-                ('gate_status', models.CharField(choices=[('pending', 'pending'), ('passed', 'passed'), ('failed', 'failed'), ('skipped', 'skipped')], default='pending', max_length=8)),
-                ('gate_result', models.JSONField(blank=True, default=dict)),
-                ('progress_at', models.DateTimeField(default=django.utils.timezone.now, help_text='last progress, for the deadline')),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('last_error', models.TextField(blank=True, help_text='the last action that failed, and why')),
-                ('abort_requested', models.BooleanField(default=False)),
-                ('promote_requested', models.BooleanField(default=False)),
-                ('promote_full_requested', models.BooleanField(default=False)),
-                ('skip_step_requested', models.BooleanField(default=False)),
-                ('retry_requested', models.BooleanField(default=False)),
-                ('next_run_at', models.DateTimeField(blank=True, db_index=True, help_text='when reconcile should next run; the sweeper restarts overdue ones', null=True)),
-                ('schedule_token', models.CharField(blank=True, help_text='the scheduled run that is current; older ones exit', max_length=32)),
-                ('updated_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('baseline_pool', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='baseline_rollouts', to='fleet.pool')),
-                ('canary_pool', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='canary_rollouts', to='fleet.pool')),
-                ('created_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('rollback_of', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='rollbacks', to='rollouts.rollout')),
-                ('routing_table', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='rollouts', to='gateway.routingtable')),
-                ('stable_pool', models.ForeignKey(help_text='the pool being moved (role stable)', on_delete=django.db.models.deletion.PROTECT, related_name='rollouts', to='fleet.pool')),
-                ('stable_revision', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='profiles.profilerevision')),
-                ('target_revision', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='profiles.profilerevision')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("steps", models.JSONField(default=list, help_text="the step plan (steps.py)")),
+                ("progress_deadline_seconds", models.FloatField(default=600.0)),
+                (
+                    "gate",
+                    models.JSONField(
+                        blank=True, default=dict, help_text="consistency gate: {enabled, prompts, max_tokens}"
+                    ),
+                ),
+                ("fast_track", models.BooleanField(default=False, help_text="a rollback: no steps, no gate")),
+                ("created", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "phase",
+                    models.PositiveSmallIntegerField(
+                        choices=[
+                            (0, "pending"),
+                            (1, "progressing"),
+                            (2, "paused"),
+                            (3, "promoting"),
+                            (4, "aborting"),
+                            (5, "aborted"),
+                            (6, "succeeded"),
+                        ],
+                        db_index=True,
+                        default=0,
+                    ),
+                ),
+                ("step_index", models.PositiveIntegerField(default=0)),
+                ("step_started_at", models.DateTimeField(blank=True, null=True)),
+                ("pause_conditions", models.JSONField(blank=True, default=list, help_text="[{reason, since}]")),
+                ("weights", models.JSONField(blank=True, default=dict, help_text="role → basis points, as last seen")),
+                ("message", models.TextField(blank=True)),
+                ("abort_reason", models.TextField(blank=True)),
+                ("attempt", models.PositiveIntegerField(default=1, help_text="bumped by each retry")),
+                (
+                    "gate_status",
+                    models.CharField(
+                        choices=[
+                            ("pending", "pending"),
+                            ("passed", "passed"),
+                            ("failed", "failed"),
+                            ("skipped", "skipped"),
+                        ],
+                        default="pending",
+                        max_length=8,
+                    ),
+                ),
+                ("gate_result", models.JSONField(blank=True, default=dict)),
+                (
+                    "progress_at",
+                    models.DateTimeField(
+                        default=django.utils.timezone.now, help_text="last progress, for the deadline"
+                    ),
+                ),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                ("last_error", models.TextField(blank=True, help_text="the last action that failed, and why")),
+                ("abort_requested", models.BooleanField(default=False)),
+                ("promote_requested", models.BooleanField(default=False)),
+                ("promote_full_requested", models.BooleanField(default=False)),
+                ("skip_step_requested", models.BooleanField(default=False)),
+                ("retry_requested", models.BooleanField(default=False)),
+                (
+                    "next_run_at",
+                    models.DateTimeField(
+                        blank=True,
+                        db_index=True,
+                        help_text="when reconcile should next run; the sweeper restarts overdue ones",
+                        null=True,
+                    ),
+                ),
+                (
+                    "schedule_token",
+                    models.CharField(
+                        blank=True, help_text="the scheduled run that is current; older ones exit", max_length=32
+                    ),
+                ),
+                ("updated_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "baseline_pool",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="baseline_rollouts",
+                        to="fleet.pool",
+                    ),
+                ),
+                (
+                    "canary_pool",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, related_name="canary_rollouts", to="fleet.pool"
+                    ),
+                ),
+                (
+                    "created_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "rollback_of",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="rollbacks",
+                        to="rollouts.rollout",
+                    ),
+                ),
+                (
+                    "routing_table",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, related_name="rollouts", to="gateway.routingtable"
+                    ),
+                ),
+                (
+                    "stable_pool",
+                    models.ForeignKey(
+                        help_text="the pool being moved (role stable)",
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="rollouts",
+                        to="fleet.pool",
+                    ),
+                ),
+                (
+                    "stable_revision",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, related_name="+", to="profiles.profilerevision"
+                    ),
+                ),
+                (
+                    "target_revision",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, related_name="+", to="profiles.profilerevision"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created', '-id'],
+                "ordering": ["-created", "-id"],
             },
         ),
         migrations.AddField(
-            model_name='analysisrun',
-            name='rollout',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='analysis_runs', to='rollouts.rollout'),
+            model_name="analysisrun",
+            name="rollout",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.CASCADE, related_name="analysis_runs", to="rollouts.rollout"
+            ),
         ),
         migrations.CreateModel(
-            name='RolloutEvent',
+            name="RolloutEvent",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('time', models.DateTimeField(db_index=True, default=django.utils.timezone.now)),
-                ('kind', models.CharField(max_length=32)),
-                ('message', models.TextField()),
-                ('actor', models.CharField(help_text='username, rollout:<id>, system, or the kill switch', max_length=150)),
-                ('phase', models.PositiveSmallIntegerField(choices=[(0, 'pending'), (1, 'progressing'), (2, 'paused'), (3, 'promoting'), (4, 'aborting'), (5, 'aborted'), (6, 'succeeded')])),
-                ('step_index', models.PositiveIntegerField(default=0)),
-                ('data', models.JSONField(blank=True, default=dict)),
-                ('rollout', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='events', to='rollouts.rollout')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("time", models.DateTimeField(db_index=True, default=django.utils.timezone.now)),
+                ("kind", models.CharField(max_length=32)),
+                ("message", models.TextField()),
+                (
+                    "actor",
+                    models.CharField(help_text="username, rollout:<id>, system, or the kill switch", max_length=150),
+                ),
+                (
+                    "phase",
+                    models.PositiveSmallIntegerField(
+                        choices=[
+                            (0, "pending"),
+                            (1, "progressing"),
+                            (2, "paused"),
+                            (3, "promoting"),
+                            (4, "aborting"),
+                            (5, "aborted"),
+                            (6, "succeeded"),
+                        ]
+                    ),
+                ),
+                ("step_index", models.PositiveIntegerField(default=0)),
+                ("data", models.JSONField(blank=True, default=dict)),
+                (
+                    "rollout",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="events", to="rollouts.rollout"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['time', 'id'],
+                "ordering": ["time", "id"],
             },
         ),
         migrations.AddConstraint(
-            model_name='analysisrun',
-            constraint=models.UniqueConstraint(fields=('rollout', 'attempt', 'step_index'), name='analysis_run_once_per_step'),
+            model_name="analysisrun",
+            constraint=models.UniqueConstraint(
+                fields=("rollout", "attempt", "step_index"), name="analysis_run_once_per_step"
+            ),
         ),
     ]

@@ -18,3 +18,25 @@
   document.addEventListener("DOMContentLoaded", tick);
   document.addEventListener("htmx:afterSettle", tick);
 })();
+
+// "Live updates paused" while any of the page's websockets is down for a
+// reason the htmx ws extension reconnects on (abnormal closure, server
+// error, restart, try again later: the control plane's store is away);
+// hidden again once every one of them is open.
+(function () {
+  var RECONNECTS_ON = [1006, 1011, 1012, 1013];
+  var down = new Set();
+  function show() {
+    var banner = document.getElementById("live-paused");
+    if (banner) banner.hidden = down.size === 0;
+  }
+  document.addEventListener("htmx:wsClose", function (e) {
+    var code = e.detail && e.detail.event ? e.detail.event.code : 1006;
+    if (RECONNECTS_ON.indexOf(code) >= 0) down.add(e.target);
+    show();
+  });
+  document.addEventListener("htmx:wsOpen", function (e) {
+    down.delete(e.target);
+    show();
+  });
+})();

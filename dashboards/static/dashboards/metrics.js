@@ -76,7 +76,11 @@
   }
 
   document.addEventListener("DOMContentLoaded", refresh);
-  document.addEventListener("htmx:wsAfterMessage", refresh);
+  // Only a message from a socket whose element holds charts: every page
+  // also has the alert banner's socket.
+  document.addEventListener("htmx:wsAfterMessage", function (e) {
+    if (e.target.querySelector && e.target.querySelector("[data-chart]")) refresh();
+  });
   window.addEventListener("resize", function () {
     Object.keys(charts).forEach(function (id) {
       var c = charts[id];

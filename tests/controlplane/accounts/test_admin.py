@@ -16,6 +16,7 @@ from django.test import Client, RequestFactory
 from django.utils import timezone
 
 from controlplane import audit
+from controlplane.advisor.models import AdvisorReport
 from controlplane.fleet.models import EnrollmentToken
 
 pytestmark = pytest.mark.django_db
@@ -39,7 +40,7 @@ def _url(model: type[Model], page: str = "") -> str:
 @pytest.fixture
 def one_of_everything(db: Any) -> None:
     """A row of every project model, made the cheap way."""
-    from controlplane.alerts.engine import State
+    from controlplane.alerts.lifecycle import AlertState
     from controlplane.alerts.models import (
         Alert,
         AlertRule,
@@ -83,12 +84,29 @@ def one_of_everything(db: Any) -> None:
     table = RoutingTable.objects.create(model="admin-model")
     RoutingPool.objects.create(table=table, pool=pool, role="stable", weight_bp=10000)
     key, _ = ClientKey.issue("admin-key")
-    RequestLog.objects.create(request_id="r1", created_at=now, model="admin-model", cohort="stable", pool=pool,
-                              worker=worker, profile_revision=revision, api_key=key, status=200)
+    RequestLog.objects.create(
+        request_id="r1",
+        created_at=now,
+        model="admin-model",
+        cohort="stable",
+        pool=pool,
+        worker=worker,
+        profile_revision=revision,
+        api_key=key,
+        status=200,
+    )
 
     layout = SeriesLayout.objects.create(digest="admin", keys=["a"])
-    target = Target.objects.create(worker=worker, worker_name=worker.name, pool_name=pool.name, layout=layout,
-                                   first_at=now, last_at=now, last_raw=pack([1.0]), offsets=pack([0.0]))
+    target = Target.objects.create(
+        worker=worker,
+        worker_name=worker.name,
+        pool_name=pool.name,
+        layout=layout,
+        first_at=now,
+        last_at=now,
+        last_raw=pack([1.0]),
+        offsets=pack([0.0]),
+    )
     Snapshot.objects.create(target=target, ts=now, seq=1, values=pack([1.0]))
     Rollup.objects.create(target=target, minute=now, last_ts=now, seq=1, num_samples=1, values=pack([1.0]))
     CounterReset.objects.create(target=target, ts=now, offsets=pack([0.0]))
@@ -97,29 +115,61 @@ def one_of_everything(db: Any) -> None:
     ServiceObjectives.current()
 
     template = AnalysisTemplate.default()
-    rollout = Rollout.objects.create(routing_table=table, stable_pool=pool, canary_pool=canary,
-                                     stable_revision=revision, target_revision=target_revision)
+    rollout = Rollout.objects.create(
+        routing_table=table,
+        stable_pool=pool,
+        canary_pool=canary,
+        stable_revision=revision,
+        target_revision=target_revision,
+    )
     RolloutEvent.objects.create(rollout=rollout, kind="created", message="m", actor="root", phase=rollout.phase)
-    run = AnalysisRun.objects.create(rollout=rollout, attempt=1, step_index=0, template_name=template.name,
-                                     spec={}, canary_pool_name=canary.name, baseline_pool_name=pool.name,
-                                     started_at=now)
+    run = AnalysisRun.objects.create(
+        rollout=rollout,
+        attempt=1,
+        step_index=0,
+        template_name=template.name,
+        spec={},
+        canary_pool_name=canary.name,
+        baseline_pool_name=pool.name,
+        started_at=now,
+    )
     Measurement.objects.create(run=run, taken_at=now, window_seconds=60.0, phase=run.phase)
 
     assert AlertRule.objects.exists(), "a migration installs the shipped rules"
-    alert = Alert.objects.create(fingerprint="f" * 16, labels={"alertname": "Admin", "severity": "warning"},
-                                 state=State.FIRING, fired_at=now)
-    AlertTransition.objects.create(alert=alert, fingerprint=alert.fingerprint, from_state=State.PENDING,
-                                   to_state=State.FIRING, at=now)
-    receiver = Receiver.objects.create(name="admin-hook", kind=Receiver.KIND_WEBHOOK, url="http://example.com/h",
-                                       bearer_token="sekrit-token")
+    alert = Alert.objects.create(
+        fingerprint="f" * 16,
+        labels={"alertname": "Admin", "severity": "warning"},
+        state=AlertState.FIRING,
+        fired_at=now,
+    )
+    AlertTransition.objects.create(
+        alert=alert, fingerprint=alert.fingerprint, from_state=AlertState.PENDING, to_state=AlertState.FIRING, at=now
+    )
+    receiver = Receiver.objects.create(
+        name="admin-hook", kind=Receiver.KIND_WEBHOOK, url="http://example.com/h", bearer_token="sekrit-token"
+    )
     Route.objects.create(receiver=receiver, matchers=['severity="critical"'])
-    group = NotificationGroup.objects.create(receiver=receiver, group_key="{}", group_labels={}, created_at=now,
-                                             next_flush_at=now)
+    group = NotificationGroup.objects.create(
+        receiver=receiver, group_key="{}", group_labels={}, created_at=now, next_flush_at=now
+    )
     Delivery.objects.create(receiver=receiver, group=group, payload={}, next_attempt_at=now, created_at=now)
-    Silence.objects.create(matchers=[{"name": "alertname", "value": "Admin", "isRegex": False, "isEqual": True}],
-                           starts_at=now, ends_at=now + timedelta(hours=1), created_by="root", comment="c")
-    InboundAlert.objects.create(fingerprint="in", starts_at=now, status="firing", labels={"alertname": "X"},
-                                received_at=now)
+    Silence.objects.create(
+        matchers=[{"name": "alertname", "value": "Admin", "isRegex": False, "isEqual": True}],
+        starts_at=now,
+        ends_at=now + timedelta(hours=1),
+        created_by="root",
+        comment="c",
+    )
+    InboundAlert.objects.create(
+        fingerprint="in", starts_at=now, status="firing", labels={"alertname": "X"}, received_at=now
+    )
+    AdvisorReport.refresh(pool, window_seconds=300.0, now=now)
+
+    from controlplane.experiments.models import Experiment, Workload
+
+    workload = Workload.from_scenario(name="admin-w", scenario="burst", rate=1.0, duration_seconds=10)
+    lab, _ = enroll_worker("admin-lab", pool=make_pool("admin-lab", revision))
+    Experiment.create(name="admin", workload=workload, workers=[lab])
 
 
 @pytest.fixture
@@ -179,8 +229,16 @@ def test_a_receivers_bearer_token_is_not_shown_and_survives_a_save(
     receiver = Receiver.objects.get(name="admin-hook")
     page = superuser_client.get(_url(Receiver, f"{receiver.pk}/change/"))
     assert b"sekrit-token" not in page.content
-    form = {"name": "admin-hook", "kind": "webhook", "url": "http://example.com/h2", "bearer_token": "",
-            "emails": "[]", "send_resolved": "on", "max_alerts": "0", "enabled": "on"}
+    form = {
+        "name": "admin-hook",
+        "kind": "webhook",
+        "url": "http://example.com/h2",
+        "bearer_token": "",
+        "emails": "[]",
+        "send_resolved": "on",
+        "max_alerts": "0",
+        "enabled": "on",
+    }
     assert superuser_client.post(_url(Receiver, f"{receiver.pk}/change/"), form).status_code == 302
     receiver.refresh_from_db()
     assert (receiver.url, receiver.bearer_token) == ("http://example.com/h2", "sekrit-token")

@@ -98,6 +98,9 @@ ENDPOINTS = [
     Endpoint("delete", "/api/v1/routing/{model}/"),
     Endpoint("get", "/api/v1/routing/{model}/acks/"),
     Endpoint("get", "/api/v1/gateways/"),
+    Endpoint("get", "/api/v1/requests/"),
+    Endpoint("get", "/api/v1/requests/export/"),
+    Endpoint("get", "/api/v1/requests/{id}/"),
     # metrics
     Endpoint("get", "/api/v1/metrics/figures/"),
     Endpoint("get", "/api/v1/metrics/query/", query=f"?figure={FIGURE}"),
@@ -107,10 +110,17 @@ ENDPOINTS = [
     Endpoint("get", "/api/v1/metrics/targets/"),
     Endpoint("get", "/api/v1/metrics/prometheus-sd/"),
     Endpoint("get", "/metrics/"),
+    # advisor
+    Endpoint("get", "/api/v1/advisor/reports/"),
+    Endpoint("get", "/api/v1/advisor/reports/{scope}/"),
     # rollouts
     *_crud("/api/v1/analysis-templates/"),
     *_crud("/api/v1/rollouts/", methods="get post get_one delete"),
     *_actions("/api/v1/rollouts/", "abort", "promote", "promote-full", "retry", "rollback", "skip-step"),
+    # experiments
+    *_crud("/api/v1/workloads/", methods="get post get_one delete"),
+    *_crud("/api/v1/experiments/", methods="get post get_one"),
+    *_actions("/api/v1/experiments/", "abort", "adopt"),
     # alerts
     *_crud("/api/v1/alert-rules/"),
     Endpoint("get", "/api/v1/alert-rules/{id}/test/"),
@@ -141,9 +151,10 @@ PUBLIC_UNDOCUMENTED = {
 @pytest.fixture
 def ids() -> dict[str, dict[str, Any]]:
     """One of everything; path parameters per resource path prefix."""
-    from controlplane.alerts.engine import State
+    from controlplane.alerts.lifecycle import AlertState
     from controlplane.alerts.models import Alert, AlertRule, Receiver, Route, Silence
-    from controlplane.gateway.models import ClientKey, RoutingPool, RoutingTable
+    from controlplane.experiments.models import Experiment, Workload
+    from controlplane.gateway.models import ClientKey, RequestLog, RoutingPool, RoutingTable
     from controlplane.rollouts.models import AnalysisTemplate, Rollout
 
     now = timezone.now()
@@ -156,16 +167,27 @@ def ids() -> dict[str, dict[str, Any]]:
     table = RoutingTable.objects.create(model="access-model")
     RoutingPool.objects.create(table=table, pool=pool, role="stable", weight_bp=10000)
     key, _ = ClientKey.issue("access")
-    rollout = Rollout.objects.create(routing_table=table, stable_pool=pool, canary_pool=canary,
-                                     stable_revision=revision, target_revision=other)
-    alert = Alert.objects.create(fingerprint="a" * 16, labels={"alertname": "Access"}, state=State.FIRING,
-                                 fired_at=now)
-    silence = Silence.objects.create(matchers=[{"name": "alertname", "value": "Access", "isRegex": False,
-                                                "isEqual": True}],
-                                     starts_at=now, ends_at=now + timedelta(hours=1), created_by="x", comment="c")
+    rollout = Rollout.objects.create(
+        routing_table=table, stable_pool=pool, canary_pool=canary, stable_revision=revision, target_revision=other
+    )
+    alert = Alert.objects.create(
+        fingerprint="a" * 16, labels={"alertname": "Access"}, state=AlertState.FIRING, fired_at=now
+    )
+    silence = Silence.objects.create(
+        matchers=[{"name": "alertname", "value": "Access", "isRegex": False, "isEqual": True}],
+        starts_at=now,
+        ends_at=now + timedelta(hours=1),
+        created_by="x",
+        comment="c",
+    )
     receiver = Receiver.objects.create(name="access-hook", kind=Receiver.KIND_WEBHOOK, url="http://127.0.0.1:9/")
     route = Route.objects.create(receiver=receiver)
+    workload = Workload.from_scenario(name="access", scenario="burst", rate=1.0, duration_seconds=10)
+    lab_worker, _ = enroll_worker("access-lab-worker", pool=make_pool("access-lab", revision))
+    experiment = Experiment.create(name="access", workload=workload, workers=[lab_worker])
+    logged = RequestLog.objects.create(request_id="access", created_at=now, model="access-model", status=200)
     return {
+        "/api/v1/requests/": {"id": logged.pk},
         "/api/v1/audit/": {"id": event.pk},
         "/api/v1/pools/": {"id": pool.pk},
         "/api/v1/profiles/": {"id": revision.profile_id},
@@ -181,6 +203,9 @@ def ids() -> dict[str, dict[str, Any]]:
         "/api/v1/silences/": {"id": silence.pk},
         "/api/v1/alert-receivers/": {"id": receiver.pk},
         "/api/v1/alert-routes/": {"id": route.pk},
+        "/api/v1/workloads/": {"id": workload.pk},
+        "/api/v1/experiments/": {"id": experiment.pk},
+        "/api/v1/advisor/": {"scope": "fleet"},
     }
 
 
@@ -188,8 +213,15 @@ def _call(client: APIClient, endpoint: Endpoint, ids: dict[str, dict[str, Any]])
     prefix = next((p for p in ids if endpoint.path.startswith(p)), None)
     url = endpoint.url(ids.get(prefix, {}) if prefix else {})
     if endpoint.method == "get":
-        return client.get(url)
-    return getattr(client, endpoint.method)(url, endpoint.body, format="json")
+        response = client.get(url)
+    else:
+        response = getattr(client, endpoint.method)(url, endpoint.body, format="json")
+    if getattr(response, "streaming", False):
+        # Read and close a streamed reply as a server would: the request
+        # export holds a COPY open on the test's connection until it is.
+        b"".join(response.streaming_content)
+        response.close()
+    return response
 
 
 def _name(endpoint: Endpoint) -> str:

@@ -28,12 +28,32 @@ def celery_with_beat(transactional_db: Any, tmp_path: Any) -> Any:
     from tests.support import PYTHON, running
 
     argv = [
-        PYTHON, "-m", "celery", "-A", "controlplane", "worker", "-B", "-s", str(tmp_path / "beat-schedule"),
-        "--pool", "solo", "--loglevel", "INFO", "--without-gossip", "--without-mingle",
-        "-Q", settings.CELERY_TASK_DEFAULT_QUEUE, "-n", f"alerts-{RUN_ID}-{uuid.uuid4().hex[:4]}@%h",
+        PYTHON,
+        "-m",
+        "celery",
+        "-A",
+        "controlplane",
+        "worker",
+        "-B",
+        "-s",
+        str(tmp_path / "beat-schedule"),
+        "--pool",
+        "solo",
+        "--loglevel",
+        "INFO",
+        "--without-gossip",
+        "--without-mingle",
+        "-Q",
+        settings.CELERY_TASK_DEFAULT_QUEUE,
+        "-n",
+        f"alerts-{RUN_ID}-{uuid.uuid4().hex[:4]}@%h",
     ]
-    env = control_plane_env(ALERT_EVAL_INTERVAL="1", ROLLOUT_SWEEP_INTERVAL_SECONDS="1",
-                            ROLLOUT_SWEEP_GRACE_SECONDS="2", ROLLOUT_ACK_WAIT_SECONDS="1")
+    env = control_plane_env(
+        ALERT_EVAL_INTERVAL="1",
+        ROLLOUT_SWEEP_INTERVAL_SECONDS="1",
+        ROLLOUT_SWEEP_GRACE_SECONDS="2",
+        ROLLOUT_ACK_WAIT_SECONDS="1",
+    )
     with running(argv, env=env, log_path=tmp_path / "celery.log") as proc:
         proc.wait_for_output("ready.", timeout=60)
         yield proc

@@ -13,8 +13,8 @@ from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from controlplane.alerts.engine import State
 from controlplane.alerts.labels import fingerprint
+from controlplane.alerts.lifecycle import AlertState
 from controlplane.alerts.models import Alert
 
 
@@ -41,7 +41,7 @@ def http_receiver() -> Iterator[HTTPReceiver]:
     lock = threading.Lock()
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length", "0"))
             raw = self.rfile.read(length)
             receiver = state["r"]
@@ -71,11 +71,18 @@ def firing_alert(labels: dict[str, str], at: datetime, **fields: Any) -> Alert:
     """An alert as evaluation leaves one that just fired."""
     labels = {"severity": "warning", **labels}
     return Alert.objects.create(
-        fingerprint=fingerprint(labels), labels=labels, annotations=fields.pop("annotations", {"summary": "s"}),
-        state=fields.pop("state", State.FIRING), active_at=at, fired_at=at, state_changed_at=at, value=fields.pop("value", 1.0), **fields,
+        fingerprint=fingerprint(labels),
+        labels=labels,
+        annotations=fields.pop("annotations", {"summary": "s"}),
+        state=fields.pop("state", AlertState.FIRING),
+        active_at=at,
+        fired_at=at,
+        state_changed_at=at,
+        value=fields.pop("value", 1.0),
+        **fields,
     )
 
 
 def resolve(alert: Alert, at: datetime) -> None:
-    alert.state, alert.resolved_at, alert.state_changed_at = State.RESOLVED, at, at
+    alert.state, alert.resolved_at, alert.state_changed_at = AlertState.RESOLVED, at, at
     alert.save()

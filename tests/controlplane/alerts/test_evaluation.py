@@ -16,10 +16,10 @@ import time_machine
 from django.db import connection
 
 from controlplane.alerts import defaults, evaluation
-from controlplane.alerts.engine import State
+from controlplane.alerts.lifecycle import AlertState
 from controlplane.alerts.models import Alert, AlertRule, AlertTransition
 from controlplane.audit.models import AuditEvent
-from controlplane.fleet.health import State as WorkerState
+from controlplane.fleet.health import WorkerState
 from controlplane.fleet.models import Pool, Worker
 from controlplane.gateway.models import RoutingPool, RoutingTable
 from tests.controlplane.metrics.pages import Page, job, store
@@ -74,7 +74,9 @@ def states() -> dict[str, str]:
     return {a.labels.get("worker", a.labels.get("pool", "")): a.state_label for a in Alert.objects.all()}
 
 
-def test_a_scraped_figure_goes_pending_then_firing_per_worker_with_the_values_recorded(only_my_rules: None, clock: Any) -> None:
+def test_a_scraped_figure_goes_pending_then_firing_per_worker_with_the_values_recorded(
+    only_my_rules: None, clock: Any
+) -> None:
     w1, w2 = worker("w1", "gpu-a"), worker("w2", "gpu-a")
     r = rule(for_seconds=30, summary="{{ $labels.worker }} fragmentation {{ $value }}")
     scrape_fragmentation(120, {w1: 0.8, w2: 0.1})
@@ -93,8 +95,8 @@ def test_a_scraped_figure_goes_pending_then_firing_per_worker_with_the_values_re
     assert alert.live_annotations()["summary"] == "w1 fragmentation 0.8"
     transitions = list(AlertTransition.objects.order_by("at").values_list("from_state", "to_state", "at", "value"))
     assert transitions == [
-        (State.INACTIVE, State.PENDING, at(60), pytest.approx(0.8)),
-        (State.PENDING, State.FIRING, at(90), pytest.approx(0.8)),
+        (AlertState.INACTIVE, AlertState.PENDING, at(60), pytest.approx(0.8)),
+        (AlertState.PENDING, AlertState.FIRING, at(90), pytest.approx(0.8)),
     ]
     (event,) = AuditEvent.objects.filter(action="alert.firing")
     assert event.actor_repr == "system:alerts" and event.object_repr == "KVFragHigh"
@@ -113,7 +115,7 @@ def test_a_firing_alert_keeps_its_value_current_between_transitions(only_my_rule
     result = evaluation.evaluate(at(120))
     assert result.transitions == [] and result.num_alerts_written == 1
     alert = Alert.objects.get()
-    assert alert.state == State.FIRING and alert.value == pytest.approx(0.6, rel=0.05)
+    assert alert.state == AlertState.FIRING and alert.value == pytest.approx(0.6, rel=0.05)
     assert alert.live_annotations()["summary"] == f"fragmentation {alert.value:.4g}"
     assert alert.annotations["summary"] == "fragmentation 0.9"  # as of the transition
 
@@ -130,7 +132,7 @@ def test_scrapes_that_stop_give_no_data_not_a_resolution(only_my_rules: None, cl
     evaluation.evaluate(at(150))
     assert states() == {"w1": "nodata"}
     last = AlertTransition.objects.order_by("-at").first()
-    assert (last.from_state, last.to_state, last.value) == (State.FIRING, State.NODATA, None)
+    assert (last.from_state, last.to_state, last.value) == (AlertState.FIRING, AlertState.NODATA, None)
 
 
 def test_a_rule_counting_no_data_as_ok_resolves_and_says_why(only_my_rules: None, clock: Any) -> None:
@@ -156,7 +158,7 @@ def test_worker_missing_and_drift_come_from_the_fleet(only_my_rules: None, clock
     # The worker comes back: resolved at the next tick.
     Worker.objects.filter(pk=a.pk).update(state=WorkerState.READY)
     evaluation.evaluate(at(15))
-    assert Alert.objects.get(labels__alertname="WorkerMissing").state == State.RESOLVED
+    assert Alert.objects.get(labels__alertname="WorkerMissing").state == AlertState.RESOLVED
 
 
 def test_an_alert_whose_worker_left_the_fleet_resolves(only_my_rules: None, clock: Any) -> None:
@@ -166,7 +168,7 @@ def test_an_alert_whose_worker_left_the_fleet_resolves(only_my_rules: None, cloc
     evaluation.evaluate(at(0))
     Worker.objects.filter(pk=a.pk).delete()
     evaluation.evaluate(at(15))
-    assert Alert.objects.get().state == State.RESOLVED
+    assert Alert.objects.get().state == AlertState.RESOLVED
 
 
 def test_canary_ttft_against_its_baseline_pool(only_my_rules: None, clock: Any) -> None:
@@ -175,20 +177,34 @@ def test_canary_ttft_against_its_baseline_pool(only_my_rules: None, clock: Any) 
     pools = {role: Pool.objects.create(name=f"{role}-pool") for role in ("canary", "baseline", "stable")}
     table = RoutingTable.objects.create(model="tiny")
     for role, pool in pools.items():
-        RoutingPool.objects.create(table=table, pool=pool, role=role, weight_bp={"canary": 1000, "baseline": 1000, "stable": 8000}[role])
+        RoutingPool.objects.create(
+            table=table, pool=pool, role=role, weight_bp={"canary": 1000, "baseline": 1000, "stable": 8000}[role]
+        )
     for i in range(100):
         for role, ttft in (("canary", 0.9), ("baseline", 0.4), ("stable", 0.3)):
-            RequestLog.objects.create(request_id=f"{role}{i}", created_at=at(-250 + 2 * i), model="tiny", cohort=role,
-                                      pool=pools[role], ttft_seconds=ttft, status=200)
+            RequestLog.objects.create(
+                request_id=f"{role}{i}",
+                created_at=at(-250 + 2 * i),
+                model="tiny",
+                cohort=role,
+                pool=pools[role],
+                ttft_seconds=ttft,
+                status=200,
+            )
     shipped = AlertRule.objects.get(key="canary-ttft-regression")
     shipped.for_seconds = 0
     shipped.enabled = True
     shipped.save()
     evaluation.evaluate(at(0))
     alert = Alert.objects.get()
-    assert alert.state == State.FIRING
-    assert alert.labels == {"alertname": "CanaryTTFTRegression", "severity": "critical", "pool": "canary-pool",
-                            "cohort": "canary", "chunkpilot_action": "abort_rollout"}
+    assert alert.state == AlertState.FIRING
+    assert alert.labels == {
+        "alertname": "CanaryTTFTRegression",
+        "severity": "critical",
+        "pool": "canary-pool",
+        "cohort": "canary",
+        "chunkpilot_action": "abort_rollout",
+    }
     assert alert.value == pytest.approx(0.9 / 0.4)
     assert alert.live_annotations()["value_detail"] == "canary-pool 0.9 vs baseline-pool 0.4"
 
@@ -238,7 +254,7 @@ def test_two_evaluators_at_once_make_one_transition(clock: Any) -> None:
         t.join()
     assert sorted(r.num_rules for r in results) == [0, 1]
     assert AlertTransition.objects.count() == 20
-    assert Alert.objects.filter(state=State.FIRING).count() == 20
+    assert Alert.objects.filter(state=AlertState.FIRING).count() == 20
 
 
 def _missing_worker_firing() -> AlertRule:
@@ -246,7 +262,7 @@ def _missing_worker_firing() -> AlertRule:
     Worker.objects.filter(pk=a.pk).update(state=WorkerState.OFFLINE)
     AlertRule.objects.filter(key="worker-missing").update(enabled=True)
     evaluation.evaluate(at(0))
-    assert Alert.objects.get().state == State.FIRING
+    assert Alert.objects.get().state == AlertState.FIRING
     return AlertRule.objects.get(key="worker-missing")
 
 
@@ -255,7 +271,7 @@ def test_switching_a_rule_off_resolves_its_alerts(only_my_rules: None, clock: An
     AlertRule.objects.filter(pk=rule.pk).update(enabled=False)
     evaluation.evaluate(at(15))
     alert = Alert.objects.get()
-    assert alert.state == State.RESOLVED and alert.resolved_at == at(15)
+    assert alert.state == AlertState.RESOLVED and alert.resolved_at == at(15)
     assert alert.transitions.first().reason == "the rule was switched off"
 
 
@@ -264,7 +280,7 @@ def test_deleting_a_rule_resolves_its_alerts_so_receivers_hear_it(only_my_rules:
     rule.delete()
     evaluation.evaluate(at(15))
     alert = Alert.objects.get()
-    assert alert.rule is None and alert.state == State.RESOLVED
+    assert alert.rule is None and alert.state == AlertState.RESOLVED
     assert AuditEvent.objects.filter(action="alert.resolved", object_repr="(a deleted rule)").exists()
 
 
@@ -295,11 +311,18 @@ def test_a_fleet_figure_with_worker_labels_counts_only_those_workers(only_my_rul
     a, b = worker("w1", "gpu-a"), worker("w2", "gpu-a")
     Worker.objects.filter(pk=a.pk).update(labels={"zone": "eu-1"}, state=WorkerState.OFFLINE)
     Worker.objects.filter(pk=b.pk).update(labels={"zone": "us-1"}, state=WorkerState.OFFLINE)
-    rule(name="EUWorkersMissing", figure="worker_missing", group_by="pool", threshold=0, window_seconds=60,
-         for_seconds=0, selector={"labels": {"zone": "eu-1"}})
+    rule(
+        name="EUWorkersMissing",
+        figure="worker_missing",
+        group_by="pool",
+        threshold=0,
+        window_seconds=60,
+        for_seconds=0,
+        selector={"labels": {"zone": "eu-1"}},
+    )
     evaluation.evaluate(at(0))
     alert = Alert.objects.get()
-    assert alert.state == State.FIRING and alert.labels["pool"] == "gpu-a"
+    assert alert.state == AlertState.FIRING and alert.labels["pool"] == "gpu-a"
     assert alert.value == 1.0  # w1 only: w2 is missing too but not in eu-1
 
 
@@ -311,8 +334,9 @@ def ship(key: str) -> AlertRule:
     return AlertRule.objects.get(key=key)
 
 
-def log_requests(pool: str, *, since: float, until: float, every: float, max_gap: float = 0.1,
-                 error_every: int = 0) -> None:
+def log_requests(
+    pool: str, *, since: float, until: float, every: float, max_gap: float = 0.1, error_every: int = 0
+) -> None:
     """The gateways' request log for one pool: a request each ``every`` s in
     [since, until); each ``error_every``-th failed with a 500."""
     from controlplane.gateway.models import RequestLog
@@ -321,10 +345,22 @@ def log_requests(pool: str, *, since: float, until: float, every: float, max_gap
     rows, t, i = [], since, 0
     while t < until:
         failed = bool(error_every) and i % error_every == 0
-        rows.append(RequestLog(request_id=f"{pool}-{i}", created_at=at(t), model="tiny", cohort="stable", pool=p,
-                               status=500 if failed else 200, ttft_seconds=None if failed else 0.2,
-                               max_gap_seconds=None if failed else max_gap, tpot_seconds=0.02, e2e_seconds=1.0,
-                               prompt_tokens=500, output_tokens=50))
+        rows.append(
+            RequestLog(
+                request_id=f"{pool}-{i}",
+                created_at=at(t),
+                model="tiny",
+                cohort="stable",
+                pool=p,
+                status=500 if failed else 200,
+                ttft_seconds=None if failed else 0.2,
+                max_gap_seconds=None if failed else max_gap,
+                tpot_seconds=0.02,
+                e2e_seconds=1.0,
+                prompt_tokens=500,
+                output_tokens=50,
+            )
+        )
         t, i = t + every, i + 1
     RequestLog.objects.bulk_create(rows)
 
@@ -376,9 +412,16 @@ def test_shipped_memory_peak_to_mean_high_fires_after_ten_minutes_per_worker(onl
     mean_bytes = 1e9
     peaks = {spiky: 3e9, flat: 1.5e9}  # 3x and 1.5x the time-weighted mean
     for t in range(5, 1201, 5):
-        store(at(t), {jobs[w]: Page(counters={"chunkpilot:memory_byte_seconds_total": mean_bytes * t},
-                                    gauges={"chunkpilot:memory_recent_peak_bytes": peaks[w],
-                                            "chunkpilot:memory_bytes": mean_bytes}) for w in (spiky, flat)})
+        store(
+            at(t),
+            {
+                jobs[w]: Page(
+                    counters={"chunkpilot:memory_byte_seconds_total": mean_bytes * t},
+                    gauges={"chunkpilot:memory_recent_peak_bytes": peaks[w], "chunkpilot:memory_bytes": mean_bytes},
+                )
+                for w in (spiky, flat)
+            },
+        )
     assert step([600, 900, 1200], clock) == [{"w1": "pending"}] * 2 + [{"w1": "firing"}]
     alert = Alert.objects.get()
     assert alert.labels == {"alertname": "MemoryPeakToMeanHigh", "severity": "warning", "worker": "w1"}
@@ -391,9 +434,15 @@ def test_shipped_rules_stay_quiet_on_a_healthy_fleet(only_my_rules: None, clock:
     w1 = worker("w1", "gpu-a")
     log_requests("gpu-a", since=-290, until=1210, every=2, max_gap=0.4, error_every=100)
     for t in range(5, 1201, 5):
-        store(at(t), {job(w1): Page(counters={FRAG: 100 + 0.2 * t, "chunkpilot:memory_byte_seconds_total": 1e9 * t},
-                                    gauges={"chunkpilot:memory_recent_peak_bytes": 1.3e9,
-                                            "chunkpilot:memory_bytes": 1e9})})
+        store(
+            at(t),
+            {
+                job(w1): Page(
+                    counters={FRAG: 100 + 0.2 * t, "chunkpilot:memory_byte_seconds_total": 1e9 * t},
+                    gauges={"chunkpilot:memory_recent_peak_bytes": 1.3e9, "chunkpilot:memory_bytes": 1e9},
+                )
+            },
+        )
     # From 600 s on, when the scrapes fill the rules' 10-minute windows: before that the
     # time-weighted mean is the integral over the whole window, so a worker younger
     # than the window reads a lower mean and a higher peak/mean.

@@ -6,40 +6,61 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from controlplane.alerts import notify
-from controlplane.alerts.engine import State
 from controlplane.alerts.labels import fingerprint
+from controlplane.alerts.lifecycle import AlertState
 from controlplane.alerts.models import Alert, AlertTransition
 
 T0 = datetime(2025, 3, 1, 9, 0, tzinfo=UTC)
 
 
 def test_an_event_fires_once_per_label_set_and_resolves_after_its_ttl(db: Any) -> None:
-    alert = notify.notify_event("RolloutAborted", labels={"rollout": "12"}, summary="rollout 12 aborted",
-                                severity="critical", ttl_seconds=60, now=T0)
-    assert alert.state == State.FIRING and alert.fired_at == T0
-    assert alert.labels == {"rollout": "12", "alertname": "RolloutAborted", "severity": "critical",
-                            "chunkpilot_event": "true"}
+    alert = notify.notify_event(
+        "RolloutAborted",
+        labels={"rollout": "12"},
+        summary="rollout 12 aborted",
+        severity="critical",
+        ttl_seconds=60,
+        now=T0,
+    )
+    assert alert.state == AlertState.FIRING and alert.fired_at == T0
+    assert alert.labels == {
+        "rollout": "12",
+        "alertname": "RolloutAborted",
+        "severity": "critical",
+        "chunkpilot_event": "true",
+    }
     assert alert.fingerprint == fingerprint(alert.labels)
 
-    again = notify.notify_event("RolloutAborted", labels={"rollout": "12"}, summary="still aborted",
-                                severity="critical", ttl_seconds=60, now=T0 + timedelta(seconds=30))
+    again = notify.notify_event(
+        "RolloutAborted",
+        labels={"rollout": "12"},
+        summary="still aborted",
+        severity="critical",
+        ttl_seconds=60,
+        now=T0 + timedelta(seconds=30),
+    )
     assert again.pk == alert.pk and again.fired_at == T0  # refreshed, not re-fired
     assert AlertTransition.objects.filter(alert=alert).count() == 1
 
     notify.dispatch(T0 + timedelta(seconds=89))
-    assert Alert.objects.get(pk=alert.pk).state == State.FIRING
+    assert Alert.objects.get(pk=alert.pk).state == AlertState.FIRING
     notify.dispatch(T0 + timedelta(seconds=91))
     expired = Alert.objects.get(pk=alert.pk)
-    assert expired.state == State.RESOLVED and expired.resolved_at == T0 + timedelta(seconds=90)
+    assert expired.state == AlertState.RESOLVED and expired.resolved_at == T0 + timedelta(seconds=90)
 
 
 def test_an_event_may_carry_its_name_and_severity_in_its_labels(db: Any) -> None:
     alert = notify.notify_event(
         labels={"alertname": "RolloutPaused", "severity": "warning", "rollout": "3"},
-        annotations={"summary": "rollout 3 paused", "description": "inconclusive analysis"}, now=T0,
+        annotations={"summary": "rollout 3 paused", "description": "inconclusive analysis"},
+        now=T0,
     )
-    assert alert.labels == {"alertname": "RolloutPaused", "severity": "warning", "rollout": "3",
-                            "chunkpilot_event": "true"}
+    assert alert.labels == {
+        "alertname": "RolloutPaused",
+        "severity": "warning",
+        "rollout": "3",
+        "chunkpilot_event": "true",
+    }
     assert alert.annotations == {"summary": "rollout 3 paused", "description": "inconclusive analysis"}
 
 

@@ -14,7 +14,7 @@ import pytest
 from django.utils.dateparse import parse_datetime
 
 from controlplane.alerts import evaluation, notify
-from controlplane.alerts.engine import State
+from controlplane.alerts.lifecycle import AlertState
 from controlplane.alerts.models import (
     Alert,
     AlertRule,
@@ -23,7 +23,7 @@ from controlplane.alerts.models import (
     Receiver,
     Route,
 )
-from controlplane.fleet.health import State as WorkerState
+from controlplane.fleet.health import WorkerState
 from controlplane.fleet.models import Worker
 from tests.controlplane.alerts.support import HTTPReceiver, firing_alert, http_receiver, resolve
 from tests.controlplane.factories import enroll_worker, make_pool
@@ -58,8 +58,9 @@ def tick(at: datetime) -> list[int]:
     return sent
 
 
-def test_a_worker_missing_alert_reaches_the_webhook_as_alertmanager_v4(shipped_rules: None, hook: HTTPReceiver,
-                                                                       settings: Any) -> None:
+def test_a_worker_missing_alert_reaches_the_webhook_as_alertmanager_v4(
+    shipped_rules: None, hook: HTTPReceiver, settings: Any
+) -> None:
     settings.EXTERNAL_URL = "https://chunkpilot.example"
     AlertRule.objects.filter(key="worker-missing").update(enabled=True)
     pool = make_pool("gpu-a")
@@ -72,8 +73,18 @@ def test_a_worker_missing_alert_reaches_the_webhook_as_alertmanager_v4(shipped_r
     assert len(tick(T0 + timedelta(seconds=30))) == 1
 
     (body,) = hook.bodies()
-    assert set(body) == {"version", "groupKey", "truncatedAlerts", "status", "receiver", "groupLabels",
-                         "commonLabels", "commonAnnotations", "externalURL", "alerts"}
+    assert set(body) == {
+        "version",
+        "groupKey",
+        "truncatedAlerts",
+        "status",
+        "receiver",
+        "groupLabels",
+        "commonLabels",
+        "commonAnnotations",
+        "externalURL",
+        "alerts",
+    }
     assert body["version"] == "4"
     assert body["status"] == "firing"
     assert body["receiver"] == "ops"
@@ -122,9 +133,16 @@ def test_group_wait_batches_alerts_that_start_together(db: Any, hook: HTTPReceiv
     assert len(hook.bodies()[0]["alerts"]) == 2
 
 
-def test_new_alerts_wait_for_the_group_interval_and_repeats_wait_for_the_repeat_interval(db: Any, hook: HTTPReceiver) -> None:
-    route(webhook(hook.url), group_by=["alertname"], group_wait_seconds=0, group_interval_seconds=300,
-          repeat_interval_seconds=1800)
+def test_new_alerts_wait_for_the_group_interval_and_repeats_wait_for_the_repeat_interval(
+    db: Any, hook: HTTPReceiver
+) -> None:
+    route(
+        webhook(hook.url),
+        group_by=["alertname"],
+        group_wait_seconds=0,
+        group_interval_seconds=300,
+        repeat_interval_seconds=1800,
+    )
     firing_alert({"alertname": "X", "worker": "w1"}, T0)
     assert len(tick(T0)) == 1
 
@@ -167,7 +185,9 @@ def test_without_send_resolved_the_receiver_hears_no_resolved_notice(db: Any, ho
     assert NotificationGroup.objects.get().notified_firing == []
 
 
-def test_failed_deliveries_retry_with_backoff_and_are_recorded_on_the_alert(db: Any, hook: HTTPReceiver, settings: Any) -> None:
+def test_failed_deliveries_retry_with_backoff_and_are_recorded_on_the_alert(
+    db: Any, hook: HTTPReceiver, settings: Any
+) -> None:
     settings.ALERT_DELIVERY_BACKOFF_SECONDS = 2.0
     route(webhook(hook.url), group_wait_seconds=0)
     alert = firing_alert({"alertname": "X"}, T0)
@@ -194,7 +214,9 @@ def test_failed_deliveries_retry_with_backoff_and_are_recorded_on_the_alert(db: 
     assert NotificationGroup.objects.get().notified_firing == [alert.fingerprint]
 
 
-def test_a_delivery_that_keeps_failing_gives_up_and_the_group_tries_again_later(db: Any, hook: HTTPReceiver, settings: Any) -> None:
+def test_a_delivery_that_keeps_failing_gives_up_and_the_group_tries_again_later(
+    db: Any, hook: HTTPReceiver, settings: Any
+) -> None:
     settings.ALERT_DELIVERY_MAX_ATTEMPTS = 2
     route(webhook(hook.url), group_wait_seconds=0, group_interval_seconds=60)
     firing_alert({"alertname": "X"}, T0)
@@ -211,8 +233,11 @@ def test_a_delivery_that_keeps_failing_gives_up_and_the_group_tries_again_later(
 def test_email_goes_through_djangos_mail_backend(db: Any, mailoutbox: list[Any]) -> None:
     receiver = Receiver.objects.create(name="oncall", kind="email", emails=["oncall@example.com"])
     route(receiver, group_wait_seconds=0)
-    firing_alert({"alertname": "ErrorRateHigh", "pool": "gpu-a", "severity": "critical"}, T0,
-                 annotations={"summary": "Pool gpu-a: 0.12 of requests failed"})
+    firing_alert(
+        {"alertname": "ErrorRateHigh", "pool": "gpu-a", "severity": "critical"},
+        T0,
+        annotations={"summary": "Pool gpu-a: 0.12 of requests failed"},
+    )
     tick(T0)
     (mail,) = mailoutbox
     assert mail.to == ["oncall@example.com"]
@@ -240,7 +265,7 @@ def test_alerts_are_forwarded_to_an_external_alertmanager(db: Any, hook: HTTPRec
 
 def test_nodata_alerts_are_notified_and_say_so(db: Any, hook: HTTPReceiver) -> None:
     route(webhook(hook.url), group_wait_seconds=0)
-    firing_alert({"alertname": "KVFragmentationHigh", "worker": "w1"}, T0, state=State.NODATA, value=None)
+    firing_alert({"alertname": "KVFragmentationHigh", "worker": "w1"}, T0, state=AlertState.NODATA, value=None)
     tick(T0)
     (alert,) = hook.bodies()[0]["alerts"]
     assert alert["status"] == "firing"

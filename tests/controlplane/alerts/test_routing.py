@@ -29,17 +29,20 @@ def test_fingerprint_is_prometheus_label_set_fingerprint() -> None:
     assert fingerprint({"foo": "bar", "baz": "qux"}) == fingerprint({"baz": "qux", "foo": "bar"}) == "e4d83091cd448e77"
 
 
-@pytest.mark.parametrize(("text", "labels", "hit"), [
-    ('severity="critical"', {"severity": "critical"}, True),
-    ('severity="critical"', {"severity": "warning"}, False),
-    ('severity!="critical"', {"severity": "warning"}, True),
-    ('pool=~"gpu-.*"', {"pool": "gpu-a"}, True),
-    ('pool=~"gpu"', {"pool": "gpu-a"}, False),  # anchored at both ends
-    ('pool!~"gpu-.*"', {"pool": "cpu-a"}, True),
-    ('zone=""', {"pool": "x"}, True),  # a missing label reads as empty
-    ("cohort=canary", {"cohort": "canary"}, True),
-    ('summary="say \\"hi\\""', {"summary": 'say "hi"'}, True),
-])
+@pytest.mark.parametrize(
+    ("text", "labels", "hit"),
+    [
+        ('severity="critical"', {"severity": "critical"}, True),
+        ('severity="critical"', {"severity": "warning"}, False),
+        ('severity!="critical"', {"severity": "warning"}, True),
+        ('pool=~"gpu-.*"', {"pool": "gpu-a"}, True),
+        ('pool=~"gpu"', {"pool": "gpu-a"}, False),  # anchored at both ends
+        ('pool!~"gpu-.*"', {"pool": "cpu-a"}, True),
+        ('zone=""', {"pool": "x"}, True),  # a missing label reads as empty
+        ("cohort=canary", {"cohort": "canary"}, True),
+        ('summary="say \\"hi\\""', {"summary": 'say "hi"'}, True),
+    ],
+)
 def test_matchers_follow_alertmanager(text: str, labels: dict[str, str], hit: bool) -> None:
     assert parse_matcher(text).matches(labels) is hit
 
@@ -62,16 +65,21 @@ def test_first_matching_route_wins_unless_it_continues_and_the_root_takes_the_re
     other = RouteSpec("other", (parse_matcher('pool="gpu-a"'),))
     root = RouteSpec("default", is_root=True)
     routes = [pager, team, other]
-    assert [r.receiver for r in match_routes(routes, [root], {"severity": "critical", "pool": "gpu-a"})] == ["pager", "team"]
+    assert [r.receiver for r in match_routes(routes, [root], {"severity": "critical", "pool": "gpu-a"})] == [
+        "pager",
+        "team",
+    ]
     assert [r.receiver for r in match_routes(routes, [root], {"severity": "warning", "pool": "gpu-a"})] == ["team"]
     assert [r.receiver for r in match_routes(routes, [root], {"severity": "warning"})] == ["default"]
 
 
 def test_group_keys_read_like_alertmanagers() -> None:
     route = RouteSpec("pager", (parse_matcher('severity="critical"'),), group_by=("alertname", "pool"))
-    alerts = [_alert("a", {"alertname": "X", "pool": "p1", "worker": "w1"}),
-              _alert("b", {"alertname": "X", "pool": "p1", "worker": "w2"}),
-              _alert("c", {"alertname": "X", "pool": "p2", "worker": "w3"})]
+    alerts = [
+        _alert("a", {"alertname": "X", "pool": "p1", "worker": "w1"}),
+        _alert("b", {"alertname": "X", "pool": "p1", "worker": "w2"}),
+        _alert("c", {"alertname": "X", "pool": "p2", "worker": "w3"}),
+    ]
     for a in alerts:
         a.labels["severity"] = "critical"  # type: ignore[index]
     groups = group_alerts([route], [], alerts)
@@ -82,8 +90,12 @@ def test_group_keys_read_like_alertmanagers() -> None:
     assert len(groups[("pager", '{}/{severity="critical"}:{alertname="X",pool="p1"}')].alerts) == 2
 
 
-def _alert(fp: str, labels: dict[str, str], status: str = "firing", annotations: dict[str, str] | None = None) -> OutAlert:
-    return OutAlert(fp, dict(labels), annotations or {}, status, T0, None if status == "firing" else T0 + timedelta(minutes=5))  # type: ignore[arg-type]
+def _alert(
+    fp: str, labels: dict[str, str], status: str = "firing", annotations: dict[str, str] | None = None
+) -> OutAlert:
+    return OutAlert(
+        fp, dict(labels), annotations or {}, status, T0, None if status == "firing" else T0 + timedelta(minutes=5)
+    )  # type: ignore[arg-type]
 
 
 S = frozenset
@@ -106,8 +118,14 @@ DEDUP_TABLE = [
 @pytest.mark.parametrize(("last", "firing", "resolved", "send_resolved", "minutes", "expected"), DEDUP_TABLE)
 def test_needs_update_is_alertmanagers_dedup_stage(last, firing, resolved, send_resolved, minutes, expected) -> None:  # type: ignore[no-untyped-def]
     notice = None if last is None else LastNotice(T0, last[0], last[1])
-    got = needs_update(notice, firing, resolved, repeat_interval_seconds=4 * 3600, send_resolved=send_resolved,
-                       now=T0 + timedelta(minutes=minutes))
+    got = needs_update(
+        notice,
+        firing,
+        resolved,
+        repeat_interval_seconds=4 * 3600,
+        send_resolved=send_resolved,
+        now=T0 + timedelta(minutes=minutes),
+    )
     assert got == expected
 
 
@@ -116,7 +134,7 @@ def test_webhook_message_is_version_4_with_common_labels_and_truncation() -> Non
         _alert("f1", {"alertname": "X", "pool": "p", "worker": "w1"}, annotations={"summary": "s", "runbook_url": "r"}),
         _alert("f2", {"alertname": "X", "pool": "p", "worker": "w2"}, status="resolved", annotations={"summary": "s"}),
     ]
-    msg = webhook_message("ops", "{}:{alertname=\"X\"}", {"alertname": "X"}, alerts, "http://cp", max_alerts=1)
+    msg = webhook_message("ops", '{}:{alertname="X"}', {"alertname": "X"}, alerts, "http://cp", max_alerts=1)
     assert msg["version"] == "4"
     assert msg["status"] == "firing"
     assert msg["commonLabels"] == {"alertname": "X", "pool": "p"}
@@ -124,7 +142,11 @@ def test_webhook_message_is_version_4_with_common_labels_and_truncation() -> Non
     assert msg["truncatedAlerts"] == 1
     (only,) = msg["alerts"]
     assert only == {
-        "status": "firing", "labels": {"alertname": "X", "pool": "p", "worker": "w1"},
-        "annotations": {"summary": "s", "runbook_url": "r"}, "startsAt": "2025-01-01T12:00:00.000Z",
-        "endsAt": "0001-01-01T00:00:00Z", "generatorURL": "", "fingerprint": "f1",
+        "status": "firing",
+        "labels": {"alertname": "X", "pool": "p", "worker": "w1"},
+        "annotations": {"summary": "s", "runbook_url": "r"},
+        "startsAt": "2025-01-01T12:00:00.000Z",
+        "endsAt": "0001-01-01T00:00:00Z",
+        "generatorURL": "",
+        "fingerprint": "f1",
     }

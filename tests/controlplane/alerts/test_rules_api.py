@@ -12,7 +12,7 @@ from rest_framework.test import APIClient
 from controlplane.alerts import defaults
 from controlplane.alerts.models import AlertRule
 from controlplane.audit.models import AuditEvent
-from controlplane.fleet.health import State as WorkerState
+from controlplane.fleet.health import WorkerState
 from controlplane.fleet.models import Worker
 from tests.controlplane.factories import enroll_worker, make_pool
 
@@ -72,7 +72,9 @@ BAD = [
 
 
 @pytest.mark.parametrize(("change", "field"), BAD)
-def test_bad_rules_are_rejected_with_the_field_named(operator_api: APIClient, change: dict[str, Any], field: str) -> None:
+def test_bad_rules_are_rejected_with_the_field_named(
+    operator_api: APIClient, change: dict[str, Any], field: str
+) -> None:
     r = operator_api.post("/api/v1/alert-rules/", {**GOOD, **change}, format="json")
     assert r.status_code == 400, r.json()
     assert field in r.json(), r.json()
@@ -80,9 +82,20 @@ def test_bad_rules_are_rejected_with_the_field_named(operator_api: APIClient, ch
 
 
 def test_abort_rollout_is_accepted_on_the_canary_cohort(operator_api: APIClient) -> None:
-    r = operator_api.post("/api/v1/alert-rules/", {
-        **GOOD, "name": "CanaryStalls", "selector": {"cohort": "canary"}, "action": "abort_rollout",
-        "compare_to": "stable", "threshold": 1.5, "floor": 0.5, "severity": "critical"}, format="json")
+    r = operator_api.post(
+        "/api/v1/alert-rules/",
+        {
+            **GOOD,
+            "name": "CanaryStalls",
+            "selector": {"cohort": "canary"},
+            "action": "abort_rollout",
+            "compare_to": "stable",
+            "threshold": 1.5,
+            "floor": 0.5,
+            "severity": "critical",
+        },
+        format="json",
+    )
     assert r.status_code == 201, r.json()
     assert r.json()["condition"] == "client_stall_p99[5m] / stable > 1.5 and client_stall_p99 > 0.5"
 
@@ -91,8 +104,13 @@ def test_the_shipped_rules_are_there_and_each_can_be_switched_off(shipped_rules:
     AlertRule.objects.update(enabled=True)
     shipped = {r["name"]: r for r in operator_api.get("/api/v1/alert-rules/").json()["results"] if r["shipped"]}
     assert set(shipped) == {
-        "CanaryTTFTRegression", "StreamStallsHigh", "ErrorRateHigh", "WorkerMissing", "ProfileDrift",
-        "KVFragmentationHigh", "MemoryPeakToMeanHigh",
+        "CanaryTTFTRegression",
+        "StreamStallsHigh",
+        "ErrorRateHigh",
+        "WorkerMissing",
+        "ProfileDrift",
+        "KVFragmentationHigh",
+        "MemoryPeakToMeanHigh",
     }
     assert shipped["CanaryTTFTRegression"]["action"] == "abort_rollout"
     for rule in shipped.values():
@@ -113,7 +131,9 @@ def test_a_viewer_reads_rules_but_cannot_write_them(viewer_api: APIClient) -> No
     assert viewer_api.post("/api/v1/alert-rules/", GOOD, format="json").status_code == 403
 
 
-def test_test_now_shows_the_current_value_per_group_without_storing(shipped_rules: None, operator_api: APIClient) -> None:
+def test_test_now_shows_the_current_value_per_group_without_storing(
+    shipped_rules: None, operator_api: APIClient
+) -> None:
     pool = make_pool("gpu-a")
     for name in ("w1", "w2"):
         enroll_worker(name, pool=pool)
@@ -124,9 +144,18 @@ def test_test_now_shows_the_current_value_per_group_without_storing(shipped_rule
     groups = {g["labels"]["worker"]: (g["value"], g["condition"]) for g in r.json()["groups"]}
     assert groups == {"w1": (0.0, "clear"), "w2": (1.0, "holds")}
 
-    draft = operator_api.post("/api/v1/alert-rules/test/", {
-        **GOOD, "name": "MissingPerPool", "figure": "worker_missing", "selector": {}, "group_by": "pool",
-        "no_data_state": "nodata"}, format="json")
+    draft = operator_api.post(
+        "/api/v1/alert-rules/test/",
+        {
+            **GOOD,
+            "name": "MissingPerPool",
+            "figure": "worker_missing",
+            "selector": {},
+            "group_by": "pool",
+            "no_data_state": "nodata",
+        },
+        format="json",
+    )
     assert draft.status_code == 200, draft.json()
     (group,) = draft.json()["groups"]
     assert group["labels"]["pool"] == "gpu-a" and group["value"] == 1.0

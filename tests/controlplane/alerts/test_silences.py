@@ -13,10 +13,10 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from controlplane.alerts import evaluation, notify
-from controlplane.alerts.engine import State
+from controlplane.alerts.lifecycle import AlertState
 from controlplane.alerts.models import Alert, AlertRule, AlertTransition, Receiver, Route, Silence
 from controlplane.audit.models import AuditEvent
-from controlplane.fleet.health import State as WorkerState
+from controlplane.fleet.health import WorkerState
 from controlplane.fleet.models import Worker
 from tests.controlplane.alerts.support import HTTPReceiver, http_receiver
 from tests.controlplane.factories import enroll_worker, make_pool
@@ -48,8 +48,11 @@ def test_a_silenced_alert_keeps_its_state_and_is_not_notified_until_the_silence_
     gone, _ = enroll_worker("gpu-7", pool=pool)
     silence = Silence.objects.create(
         matchers=[{"name": "worker", "value": "gpu-7", "isRegex": False, "isEqual": True}],
-        starts_at=T0 - timedelta(minutes=1), ends_at=T0 + timedelta(minutes=10), created_by=operator.username,
-        author=operator, comment="gpu-7 is being re-racked",
+        starts_at=T0 - timedelta(minutes=1),
+        ends_at=T0 + timedelta(minutes=10),
+        created_by=operator.username,
+        author=operator,
+        comment="gpu-7 is being re-racked",
     )
 
     Worker.objects.filter(pk=gone.pk).update(state=WorkerState.OFFLINE)
@@ -62,11 +65,14 @@ def test_a_silenced_alert_keeps_its_state_and_is_not_notified_until_the_silence_
     assert send_all(T0 + timedelta(minutes=2)) == 0
     assert hook.requests == []
 
-    # State moved on as if nothing were silenced.
+    # AlertState moved on as if nothing were silenced.
     alert = Alert.objects.get()
-    assert alert.state == State.FIRING
+    assert alert.state == AlertState.FIRING
     assert list(AlertTransition.objects.order_by("at").values_list("to_state", flat=True)) == [
-        State.FIRING, State.RESOLVED, State.FIRING]
+        AlertState.FIRING,
+        AlertState.RESOLVED,
+        AlertState.FIRING,
+    ]
 
     # The silence ends: the receiver hears of the firing alert.
     silence.expire(T0 + timedelta(minutes=3))
@@ -82,8 +88,10 @@ def test_silenced_alerts_still_show_marked_in_the_api(db: Any, viewer_api: APICl
     loud = firing_alert({"alertname": "X", "pool": "gpu-b"}, T0)
     silence = Silence.objects.create(
         matchers=[{"name": "pool", "value": "gpu-a", "isRegex": False, "isEqual": True}],
-        starts_at=timezone.now() - timedelta(minutes=1), ends_at=timezone.now() + timedelta(hours=1),
-        created_by="op", comment="maintenance",
+        starts_at=timezone.now() - timedelta(minutes=1),
+        ends_at=timezone.now() + timedelta(hours=1),
+        created_by="op",
+        comment="maintenance",
     )
     body = viewer_api.get("/api/v1/alerts/?state=firing").json()
     marks = {a["labels"]["pool"]: a["silenced_by"] for a in body["results"]}
@@ -95,10 +103,15 @@ def test_silenced_alerts_still_show_marked_in_the_api(db: Any, viewer_api: APICl
 
 def test_creating_a_silence_records_its_author_and_is_audited(operator_api: APIClient, operator: Any) -> None:
     ends = (timezone.now() + timedelta(hours=2)).isoformat()
-    r = operator_api.post("/api/v1/silences/", {
-        "matchers": ['alertname="StreamStallsHigh"', 'pool=~"gpu-.*"'], "ends_at": ends,
-        "comment": "known issue, fix deploying",
-    }, format="json")
+    r = operator_api.post(
+        "/api/v1/silences/",
+        {
+            "matchers": ['alertname="StreamStallsHigh"', 'pool=~"gpu-.*"'],
+            "ends_at": ends,
+            "comment": "known issue, fix deploying",
+        },
+        format="json",
+    )
     assert r.status_code == 201, r.json()
     body = r.json()
     assert body["created_by"] == operator.username and body["status"] == "active"
@@ -114,15 +127,27 @@ def test_creating_a_silence_records_its_author_and_is_audited(operator_api: APIC
     assert AuditEvent.objects.filter(action="silence.expire").exists()
 
 
-@pytest.mark.parametrize(("payload", "field"), [
-    ({"matchers": ['pool=~"("'], "comment": "x"}, "matchers"),
-    ({"matchers": [], "comment": "x"}, "matchers"),
-    ({"matchers": ['pool=~".*"'], "comment": "x"}, "matchers"),  # would silence everything
-    ({"matchers": ['pool="a"'], "comment": ""}, "comment"),
-    ({"matchers": ['pool="a"'], "comment": "x", "starts_at": "2030-01-02T00:00:00Z",
-      "ends_at": "2030-01-01T00:00:00Z"}, "ends_at"),
-])
-def test_bad_silences_are_refused_naming_the_field(operator_api: APIClient, payload: dict[str, Any], field: str) -> None:
+@pytest.mark.parametrize(
+    ("payload", "field"),
+    [
+        ({"matchers": ['pool=~"("'], "comment": "x"}, "matchers"),
+        ({"matchers": [], "comment": "x"}, "matchers"),
+        ({"matchers": ['pool=~".*"'], "comment": "x"}, "matchers"),  # would silence everything
+        ({"matchers": ['pool="a"'], "comment": ""}, "comment"),
+        (
+            {
+                "matchers": ['pool="a"'],
+                "comment": "x",
+                "starts_at": "2030-01-02T00:00:00Z",
+                "ends_at": "2030-01-01T00:00:00Z",
+            },
+            "ends_at",
+        ),
+    ],
+)
+def test_bad_silences_are_refused_naming_the_field(
+    operator_api: APIClient, payload: dict[str, Any], field: str
+) -> None:
     payload.setdefault("ends_at", (timezone.now() + timedelta(hours=1)).isoformat())
     r = operator_api.post("/api/v1/silences/", payload, format="json")
     assert r.status_code == 400
@@ -130,6 +155,9 @@ def test_bad_silences_are_refused_naming_the_field(operator_api: APIClient, payl
 
 
 def test_a_viewer_cannot_silence(viewer_api: APIClient) -> None:
-    r = viewer_api.post("/api/v1/silences/", {"matchers": ['pool="a"'], "comment": "x",
-                                              "ends_at": (timezone.now() + timedelta(hours=1)).isoformat()}, format="json")
+    r = viewer_api.post(
+        "/api/v1/silences/",
+        {"matchers": ['pool="a"'], "comment": "x", "ends_at": (timezone.now() + timedelta(hours=1)).isoformat()},
+        format="json",
+    )
     assert r.status_code == 403

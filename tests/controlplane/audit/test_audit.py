@@ -26,7 +26,12 @@ def test_record_names_a_user_actor_and_the_object(operator: Any) -> None:
 def test_record_takes_automatic_actors_and_hand_named_subjects() -> None:
     subject = audit.Subject("gateway.routing_table", 7, "routing epoch 7")
     event = audit.record("system:rollout", "routing.bump", subject, None, {"epoch": 7})
-    assert (event.actor, event.actor_repr, event.object_type, event.object_id) == (None, "system:rollout", "gateway.routing_table", "7")
+    assert (event.actor, event.actor_repr, event.object_type, event.object_id) == (
+        None,
+        "system:rollout",
+        "gateway.routing_table",
+        "7",
+    )
     assert audit.record(None, "x.y", subject).actor_repr == "system"
 
 
@@ -60,7 +65,9 @@ def test_the_api_lists_newest_first_and_filters(viewer_api: APIClient, operator:
     body = viewer_api.get("/api/v1/audit/").json()
     assert [e["action"] for e in body["results"]] == ["worker.state_change", "pool.create"]
     assert body["results"][1]["actor"] == operator.username
-    assert [e["action"] for e in viewer_api.get("/api/v1/audit/?action_prefix=pool.").json()["results"]] == ["pool.create"]
+    assert [e["action"] for e in viewer_api.get("/api/v1/audit/?action_prefix=pool.").json()["results"]] == [
+        "pool.create"
+    ]
     assert viewer_api.get("/api/v1/audit/?actor=system:health-sweep").json()["count"] == 1
     assert viewer_api.get(f"/api/v1/audit/?object_type=fleet.pool&object_id={pool.pk}").json()["count"] == 1
     since = (timezone.now() + timedelta(minutes=1)).isoformat()

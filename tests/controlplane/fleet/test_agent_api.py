@@ -9,6 +9,7 @@ import time_machine
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from controlplane.accounts.roles import Role
 from controlplane.audit.models import AuditEvent
 from controlplane.fleet.models import EnrollmentToken, Worker
 from tests.controlplane.factories import (
@@ -16,6 +17,7 @@ from tests.controlplane.factories import (
     heartbeat_request,
     make_pool,
     make_profile,
+    make_user,
     register_request,
 )
 from workers import contract
@@ -172,3 +174,46 @@ def test_a_heartbeat_brings_an_unhealthy_worker_back_and_says_so_in_the_audit() 
     assert worker.state_label == "ready"
     back = AuditEvent.objects.filter(action="worker.state_change", actor_repr="worker:" + worker.name).get()
     assert (back.before, back.after) == ({"state": "unhealthy"}, {"state": "ready"})
+
+
+def test_an_agent_reporting_its_engine_unhealthy_is_stored_with_the_reason_and_audited_once() -> None:
+    worker, secret = enroll_worker()
+    agent(secret).post(HEARTBEAT, heartbeat_request(), format="json")
+    reason = "the engine's step thread is not running."
+    for _ in range(2):
+        response = agent(secret).post(
+            HEARTBEAT, heartbeat_request(state="unhealthy", health_error=reason), format="json"
+        )
+        assert response.status_code == 200
+    worker.refresh_from_db()
+    assert (worker.state_label, worker.health_error) == ("unhealthy", reason)
+    assert worker not in Worker.objects.routable()
+    changes = AuditEvent.objects.filter(action="worker.state_change", actor_repr="worker:" + worker.name)
+    assert [(e.before, e.after) for e in changes] == [({"state": "ready"}, {"state": "unhealthy", "reason": reason})]
+
+    staff = APIClient()
+    staff.force_authenticate(make_user(Role.VIEWER))
+    assert staff.get(f"/api/v1/workers/{worker.pk}/").json()["health_error"] == reason
+
+    agent(secret).post(HEARTBEAT, heartbeat_request(), format="json")  # a new engine serves again
+    worker.refresh_from_db()
+    assert (worker.state_label, worker.health_error) == ("ready", "")
+
+
+def test_a_heartbeat_carrying_a_new_url_moves_the_worker_there() -> None:
+    worker, secret = enroll_worker()
+    old = worker.url
+    agent(secret).post(HEARTBEAT, heartbeat_request(url="http://127.0.0.1:18123/"), format="json")
+    worker.refresh_from_db()
+    assert worker.url == "http://127.0.0.1:18123" != old
+    moved = AuditEvent.objects.get(action="worker.url_change")
+    assert (moved.before, moved.after) == ({"url": old}, {"url": "http://127.0.0.1:18123"})
+    agent(secret).post(HEARTBEAT, heartbeat_request(url="http://127.0.0.1:18123"), format="json")
+    assert AuditEvent.objects.filter(action="worker.url_change").count() == 1, "only changes are audited"
+
+
+@pytest.mark.parametrize("url", ["ftp://example.com", "http://" + "x" * 400, 5])
+def test_a_heartbeat_with_a_bad_url_is_400_naming_it(url: object) -> None:
+    _, secret = enroll_worker()
+    response = agent(secret).post(HEARTBEAT, heartbeat_request(url=url), format="json")
+    assert response.status_code == 400 and "url" in response.json()

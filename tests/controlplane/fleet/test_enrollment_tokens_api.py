@@ -17,7 +17,9 @@ pytestmark = pytest.mark.django_db
 
 def test_the_token_is_shown_once_and_stored_only_hashed(admin_api: APIClient, admin_user: Any) -> None:
     pool = make_pool("rack")
-    response = admin_api.post("/api/v1/enrollment-tokens/", {"name": "rack 4", "pool": pool.pk, "max_uses": 2}, format="json")
+    response = admin_api.post(
+        "/api/v1/enrollment-tokens/", {"name": "rack 4", "pool": pool.pk, "max_uses": 2}, format="json"
+    )
     assert response.status_code == 201, response.content
     plaintext = response.json()["token"]
     assert plaintext.startswith("cpe_") and response.json()["created_by"] == admin_user.username
@@ -50,7 +52,9 @@ def test_create_with_bad_input_is_400_by_field(admin_api: APIClient, body: dict,
 def test_update_limits_a_token_and_audits_it(admin_api: APIClient) -> None:
     token, _ = EnrollmentToken.issue("limit me")
     later = (timezone.now() + timedelta(days=1)).isoformat()
-    response = admin_api.patch(f"/api/v1/enrollment-tokens/{token.pk}/", {"max_uses": 5, "expires_at": later}, format="json")
+    response = admin_api.patch(
+        f"/api/v1/enrollment-tokens/{token.pk}/", {"max_uses": 5, "expires_at": later}, format="json"
+    )
     assert response.status_code == 200, response.content
     event = AuditEvent.objects.get(action="enrollment_token.update")
     assert (event.before["max_uses"], event.after["max_uses"]) == (None, 5)

@@ -7,6 +7,7 @@ import httpx
 import pytest
 from rest_framework.test import APIClient
 
+from controlplane.fleet import conf
 from controlplane.fleet.models import Worker
 from tests.controlplane.factories import enroll_worker, heartbeat_request, make_pool, make_profile
 from workers.contract import HEARTBEAT_PATH
@@ -26,12 +27,19 @@ def test_the_fast_path_answers_as_the_view_does(web: str) -> None:
     ]
     django_client = APIClient()
     for headers, body in cases:
-        fast = httpx.post(f"{web}{HEARTBEAT_PATH}", json=body, headers=headers) if body is not None else httpx.post(
-            f"{web}{HEARTBEAT_PATH}", content=b"{not json", headers={**headers, "Content-Type": "application/json"}
+        fast = (
+            httpx.post(f"{web}{HEARTBEAT_PATH}", json=body, headers=headers)
+            if body is not None
+            else httpx.post(
+                f"{web}{HEARTBEAT_PATH}", content=b"{not json", headers={**headers, "Content-Type": "application/json"}
+            )
         )
         view = django_client.post(
-            HEARTBEAT_PATH, body if body is not None else "{not json", format="json" if body is not None else None,
-            content_type=None if body is not None else "application/json", headers=headers,
+            HEARTBEAT_PATH,
+            body if body is not None else "{not json",
+            format="json" if body is not None else None,
+            content_type=None if body is not None else "application/json",
+            headers=headers,
         )
         assert fast.status_code == view.status_code, (headers, body, fast.text, view.content)
         assert set(fast.json()) == set(view.json())
@@ -52,17 +60,18 @@ def test_concurrent_heartbeats_use_a_bounded_number_of_database_connections(web:
     HEARTBEAT_THREADS of them, however many heartbeats arrive at once."""
     import asyncio
 
-    from django.conf import settings
     from django.db import connection
 
     secrets = [enroll_worker(f"busy-{i}")[1] for i in range(40)]
 
     async def burst() -> list[int]:
         async with httpx.AsyncClient(base_url=web, limits=httpx.Limits(max_connections=40)) as client:
-            replies = await asyncio.gather(*(
-                client.post(HEARTBEAT_PATH, json=heartbeat_request(), headers={"Authorization": f"Bearer {secret}"})
-                for secret in secrets * 5
-            ))
+            replies = await asyncio.gather(
+                *(
+                    client.post(HEARTBEAT_PATH, json=heartbeat_request(), headers={"Authorization": f"Bearer {secret}"})
+                    for secret in secrets * 5
+                )
+            )
         return [r.status_code for r in replies]
 
     # Its own thread: a browser test earlier in the session leaves Playwright's
@@ -77,5 +86,5 @@ def test_concurrent_heartbeats_use_a_bounded_number_of_database_connections(web:
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
         )
         (server_connections,) = cursor.fetchone()
-    assert 1 <= server_connections <= settings.HEARTBEAT_THREADS + 1  # + the one /login/ used
+    assert 1 <= server_connections <= conf.HEARTBEAT_THREADS.get() + 1  # + the one /login/ used
     assert Worker.objects.filter(name__startswith="busy-", state=Worker.State.READY).count() == 40

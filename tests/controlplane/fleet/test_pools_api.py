@@ -23,7 +23,12 @@ def test_create_a_pool_with_a_desired_revision_and_audit_it(operator_api: APICli
 
 @pytest.mark.parametrize(
     ("body", "bad_field"),
-    [({}, "name"), ({"name": "a b"}, "name"), ({"name": "dup"}, "name"), ({"name": "x", "desired_revision": 999999}, "desired_revision")],
+    [
+        ({}, "name"),
+        ({"name": "a b"}, "name"),
+        ({"name": "dup"}, "name"),
+        ({"name": "x", "desired_revision": 999999}, "desired_revision"),
+    ],
 )
 def test_create_with_bad_input_is_400_by_field(operator_api: APIClient, body: dict, bad_field: str) -> None:
     make_pool("dup")
@@ -39,8 +44,15 @@ def test_pointing_a_pool_at_a_new_revision_starts_its_workers_drift_clocks(opera
     pool = make_pool("canary", old)
     worker, _ = enroll_worker(pool=pool)
     worker.record_heartbeat(
-        {"contract_version": 1, "state": "ready", "load": {}, "running_revision_id": old.pk,
-         "running_profile": {}, "hardware": {}, "apply_error": None}
+        {
+            "contract_version": 1,
+            "state": "ready",
+            "load": {},
+            "running_revision_id": old.pk,
+            "running_profile": {},
+            "hardware": {},
+            "apply_error": None,
+        }
     )
     worker.refresh_from_db()
     assert worker.drift_since is None
@@ -57,7 +69,8 @@ def test_put_replaces_a_pool_and_audits_it(operator_api: APIClient, operator: An
     new = old.profile.add_revision({"max_num_batched_tokens": 1024})
     pool = make_pool("put-me", old)
     response = operator_api.put(
-        f"/api/v1/pools/{pool.pk}/", {"name": "put-me", "description": "replaced", "desired_revision": new.pk},
+        f"/api/v1/pools/{pool.pk}/",
+        {"name": "put-me", "description": "replaced", "desired_revision": new.pk},
         format="json",
     )
     assert response.status_code == 200, response.content
@@ -70,8 +83,12 @@ def test_put_replaces_a_pool_and_audits_it(operator_api: APIClient, operator: An
 
 @pytest.mark.parametrize(
     ("body", "bad_field"),
-    [({}, "name"), ({"name": "a b"}, "name"), ({"name": "dup"}, "name"),
-     ({"name": "put-me", "desired_revision": 999999}, "desired_revision")],
+    [
+        ({}, "name"),
+        ({"name": "a b"}, "name"),
+        ({"name": "dup"}, "name"),
+        ({"name": "put-me", "desired_revision": 999999}, "desired_revision"),
+    ],
 )
 def test_put_with_bad_input_is_400_by_field_and_changes_nothing(
     operator_api: APIClient, body: dict, bad_field: str

@@ -49,7 +49,9 @@ def test_list_with_an_unknown_state_is_400(viewer_api: APIClient) -> None:
         ("uncordon", {"drain_requested": False, "cordoned": False}),
     ],
 )
-def test_flag_actions_set_the_flags_and_audit_before_and_after(operator_api: APIClient, verb: str, expected: dict) -> None:
+def test_flag_actions_set_the_flags_and_audit_before_and_after(
+    operator_api: APIClient, verb: str, expected: dict
+) -> None:
     worker, _ = enroll_worker()
     response = operator_api.post(f"/api/v1/workers/{worker.pk}/{verb}/")
     assert response.status_code == 200, response.content
@@ -100,7 +102,9 @@ def test_patch_with_bad_input_is_400_by_field(operator_api: APIClient, body: dic
 def test_an_override_the_workers_engine_cannot_run_is_refused(operator_api: APIClient) -> None:
     reference_only = make_profile(min_prefill_tokens_per_step=32)
     worker, _ = enroll_worker(engine_kind="vllm")
-    response = operator_api.patch(f"/api/v1/workers/{worker.pk}/", {"desired_revision": reference_only.pk}, format="json")
+    response = operator_api.patch(
+        f"/api/v1/workers/{worker.pk}/", {"desired_revision": reference_only.pk}, format="json"
+    )
     assert response.status_code == 400
     assert "min_prefill_tokens_per_step" in response.json()["desired_revision"][0]
 

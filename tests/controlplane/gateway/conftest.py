@@ -35,7 +35,9 @@ class GatewayProc:
 
 
 @pytest.fixture
-def start_gateway(transactional_db: Any, tmp_path: Path) -> Iterator[Callable[..., contextlib.AbstractContextManager[GatewayProc]]]:
+def start_gateway(
+    transactional_db: Any, tmp_path: Path
+) -> Iterator[Callable[..., contextlib.AbstractContextManager[GatewayProc]]]:
     """Context manager factory: ``with start_gateway() as gw:`` runs one
     gateway until the block ends (stopped with SIGTERM, as in production)."""
     counter = iter(range(1000))
@@ -45,7 +47,9 @@ def start_gateway(transactional_db: Any, tmp_path: Path) -> Iterator[Callable[..
         port = port or free_port()
         n = next(counter)
         argv = [PYTHON, "manage.py", "rungateway", "--port", str(port), "--log-level", "warning"]
-        with running(argv, env=control_plane_env(**{**GATEWAY_ENV, **env}), log_path=tmp_path / f"gateway-{n}.log") as proc:
+        with running(
+            argv, env=control_plane_env(**{**GATEWAY_ENV, **env}), log_path=tmp_path / f"gateway-{n}.log"
+        ) as proc:
             proc.wait_http(f"http://127.0.0.1:{port}/health", timeout=60)
             yield GatewayProc(proc, port)
 
@@ -58,11 +62,27 @@ def start_worker(tmp_path: Path) -> Iterator[Callable[..., contextlib.AbstractCo
     counter = iter(range(1000))
 
     @contextlib.contextmanager
-    def start(name: str, *, ttft_ms: float = 5, itl_ms: float = 5, model: str = "tiny",
-              status: int = 200) -> Iterator[tuple[str, Process]]:
+    def start(
+        name: str, *, ttft_ms: float = 5, itl_ms: float = 5, model: str = "tiny", status: int = 200
+    ) -> Iterator[tuple[str, Process]]:
         port = free_port()
-        argv = [PYTHON, "-m", "controlplane.gateway.synthetic", "--port", str(port), "--name", name, "--model", model,
-                "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms), "--status", str(status)]
+        argv = [
+            PYTHON,
+            "-m",
+            "controlplane.gateway.synthetic",
+            "--port",
+            str(port),
+            "--name",
+            name,
+            "--model",
+            model,
+            "--ttft-ms",
+            str(ttft_ms),
+            "--itl-ms",
+            str(itl_ms),
+            "--status",
+            str(status),
+        ]
         with running(argv, env=child_env(), log_path=tmp_path / f"worker-{name}-{next(counter)}.log") as proc:
             url = f"http://127.0.0.1:{port}"
             proc.wait_http(f"{url}/health", timeout=30)

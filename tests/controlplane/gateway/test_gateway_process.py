@@ -14,7 +14,6 @@ import json
 import signal
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -28,19 +27,9 @@ from controlplane.fleet.models import Worker
 from controlplane.gateway.models import ClientKey, RequestLog, RoutingTable
 from tests.controlplane.factories import api_client, heartbeat_request, make_profile, make_user
 from tests.controlplane.gateway.factories import routed_model
+from tests.support import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"condition not met after {timeout}s")
-        time.sleep(interval)
 
 
 @pytest.fixture
@@ -53,9 +42,17 @@ def admin_key(transactional_db: Any) -> str:
     return ClientKey.issue("ops", is_admin=True)[1]
 
 
-def complete(base: str, key: str | None, *, session: str | None = None, user: str | None = None,
-             headers: dict[str, str] | None = None, stream: bool = False, max_tokens: int = 2,
-             model: str = "tiny") -> httpx.Response:
+def complete(
+    base: str,
+    key: str | None,
+    *,
+    session: str | None = None,
+    user: str | None = None,
+    headers: dict[str, str] | None = None,
+    stream: bool = False,
+    max_tokens: int = 2,
+    model: str = "tiny",
+) -> httpx.Response:
     h = dict(headers or {})
     if key is not None:
         h["authorization"] = f"Bearer {key}"
@@ -78,9 +75,16 @@ def cohorts_of(base: str, key: str, sessions: list[str], *, concurrency: int = 1
         conn = getattr(local, "conn", None)
         if conn is None:
             conn = local.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        conn.request("POST", "/v1/completions", body=json.dumps({"model": "tiny", "prompt": "hi", "max_tokens": 1}),
-                     headers={"authorization": f"Bearer {key}", "x-chunkpilot-session": session,
-                              "content-type": "application/json"})
+        conn.request(
+            "POST",
+            "/v1/completions",
+            body=json.dumps({"model": "tiny", "prompt": "hi", "max_tokens": 1}),
+            headers={
+                "authorization": f"Bearer {key}",
+                "x-chunkpilot-session": session,
+                "content-type": "application/json",
+            },
+        )
         response = conn.getresponse()
         body = response.read()
         assert response.status == 200, body
@@ -130,7 +134,8 @@ def test_streams_arrive_intact_through_the_openai_client(start_gateway, start_wo
                 for client in (direct, via):
                     if client_kind == "chat":
                         stream = client.chat.completions.create(
-                            model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=12, stream=True)
+                            model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=12, stream=True
+                        )
                         chunks = list(stream)
                         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
                     else:
@@ -141,13 +146,18 @@ def test_streams_arrive_intact_through_the_openai_client(start_gateway, start_wo
                 assert results[0] == results[1]
                 assert results[1][2] == [None] * results[1][1]  # usage asked by the gateway never reaches the client
             # Usage the client asks for arrives, once, last.
-            chunks = list(via.completions.create(model="tiny", prompt="hi", max_tokens=5, stream=True,
-                                                 stream_options={"include_usage": True}))
+            chunks = list(
+                via.completions.create(
+                    model="tiny", prompt="hi", max_tokens=5, stream=True, stream_options={"include_usage": True}
+                )
+            )
             assert chunks[-1].usage.completion_tokens == 5 and all(c.usage is None for c in chunks[:-1])
             done = via.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
             assert done.choices[0].message.content == " w-0 w-1 w-2 w-3"
             # Each request is one log row, with what the client saw.
-            rows = wait_until(lambda: list(RequestLog.objects.order_by("created_at")) if RequestLog.objects.count() == 4 else None)
+            rows = wait_until(
+                lambda: list(RequestLog.objects.order_by("created_at")) if RequestLog.objects.count() == 4 else None
+            )
         stream_row, plain_row = rows[0], rows[3]
         worker = Worker.objects.get()
         assert (stream_row.cohort, stream_row.pool_id, stream_row.worker_id) == ("stable", worker.pool_id, worker.pk)
@@ -167,9 +177,13 @@ def test_a_stream_is_passed_through_event_by_event_not_buffered(start_gateway, s
         with start_gateway() as gw:
             assert complete(gw.url, user_key).status_code == 200  # connections warm
             started = time.monotonic()
-            with httpx.stream("POST", f"{gw.url}/v1/completions", timeout=30,
-                              json={"model": "tiny", "prompt": "hi", "max_tokens": 6, "stream": True},
-                              headers={"authorization": f"Bearer {user_key}"}) as r:
+            with httpx.stream(
+                "POST",
+                f"{gw.url}/v1/completions",
+                timeout=30,
+                json={"model": "tiny", "prompt": "hi", "max_tokens": 6, "stream": True},
+                headers={"authorization": f"Bearer {user_key}"},
+            ) as r:
                 assert r.status_code == 200
                 chunks = r.iter_raw()
                 first = next(chunks)
@@ -183,14 +197,19 @@ def test_a_stream_is_passed_through_event_by_event_not_buffered(start_gateway, s
     assert b" slow-5" in rest and rest.endswith(b"data: [DONE]\n\n")
 
 
-def test_a_client_that_leaves_mid_stream_is_logged_as_gone_and_the_gateway_serves_on(start_gateway, start_worker,
-                                                                                      user_key) -> None:
+def test_a_client_that_leaves_mid_stream_is_logged_as_gone_and_the_gateway_serves_on(
+    start_gateway, start_worker, user_key
+) -> None:
     with start_worker("slow", ttft_ms=5, itl_ms=200) as (url, _):
         routed_model(urls={"stable": [url]})
         with start_gateway() as gw:
-            with httpx.stream("POST", f"{gw.url}/v1/completions", timeout=30,
-                              json={"model": "tiny", "prompt": "hi", "max_tokens": 50, "stream": True},
-                              headers={"authorization": f"Bearer {user_key}"}) as r:
+            with httpx.stream(
+                "POST",
+                f"{gw.url}/v1/completions",
+                timeout=30,
+                json={"model": "tiny", "prompt": "hi", "max_tokens": 50, "stream": True},
+                headers={"authorization": f"Bearer {user_key}"},
+            ) as r:
                 assert r.status_code == 200
                 assert next(r.iter_raw()).startswith(b"data: ")
             # The block closed the connection ten seconds before the stream's end.
@@ -201,7 +220,9 @@ def test_a_client_that_leaves_mid_stream_is_logged_as_gone_and_the_gateway_serve
 
 
 # ---- cohorts ---------------------------------------------------------------------------
-def test_the_same_key_gets_the_same_cohort_across_two_gateways_and_a_restart(start_gateway, start_worker, user_key) -> None:
+def test_the_same_key_gets_the_same_cohort_across_two_gateways_and_a_restart(
+    start_gateway, start_worker, user_key
+) -> None:
     sessions = [f"conversation-{i}" for i in range(300)]
     with start_worker("stable") as (stable_url, _), start_worker("canary") as (canary_url, _):
         routed_model(canary_bp=3000, urls={"stable": [stable_url], "canary": [canary_url]})
@@ -236,8 +257,11 @@ def test_raising_the_canary_weight_never_moves_a_canary_key_back(start_gateway, 
         with start_gateway() as gw:
             before = cohorts_of(gw.url, user_key, sessions)
             for canary_bp in (2500, 5000):
-                r = api.patch("/api/v1/routing/tiny/", {"weights": {"canary": canary_bp, "stable": 10000 - canary_bp}},
-                              format="json")
+                r = api.patch(
+                    "/api/v1/routing/tiny/",
+                    {"weights": {"canary": canary_bp, "stable": 10000 - canary_bp}},
+                    format="json",
+                )
                 assert r.status_code == 200, r.content
                 assert table.wait_for_acks(r.json()["epoch"], timeout_seconds=5).complete
                 after = cohorts_of(gw.url, user_key, sessions)
@@ -246,13 +270,18 @@ def test_raising_the_canary_weight_never_moves_a_canary_key_back(start_gateway, 
                 before = after
 
 
-def test_an_admin_key_may_force_a_cohort_and_a_client_key_may_not(start_gateway, start_worker, user_key, admin_key) -> None:
+def test_an_admin_key_may_force_a_cohort_and_a_client_key_may_not(
+    start_gateway, start_worker, user_key, admin_key
+) -> None:
     with start_worker("stable") as (stable_url, _), start_worker("canary") as (canary_url, _):
         routed_model(canary_bp=0, urls={"stable": [stable_url], "canary": [canary_url]})
         with start_gateway() as gw:
             forced = complete(gw.url, admin_key, headers={"x-chunkpilot-cohort": "canary"})
             assert forced.status_code == 200
-            assert (forced.headers["x-chunkpilot-cohort"], forced.headers["x-chunkpilot-worker"]) == ("canary", "tiny-canary-0")
+            assert (forced.headers["x-chunkpilot-cohort"], forced.headers["x-chunkpilot-worker"]) == (
+                "canary",
+                "tiny-canary-0",
+            )
             assert " canary-0" in forced.json()["choices"][0]["text"]
             refused = complete(gw.url, user_key, headers={"x-chunkpilot-cohort": "canary"})
             assert refused.status_code == 403 and refused.json()["error"]["code"] == "cohort_override_forbidden"
@@ -267,7 +296,9 @@ def test_every_gateways_ack_is_visible_after_a_weight_change(start_gateway, star
     with start_worker("stable") as (stable_url, _), start_worker("canary") as (canary_url, _):
         table, _, _ = routed_model(canary_bp=0, urls={"stable": [stable_url], "canary": [canary_url]})
         with start_gateway() as a, start_gateway() as b:
-            listed = wait_until(lambda: len(api.get("/api/v1/gateways/").json()) == 2 and api.get("/api/v1/gateways/").json())
+            listed = wait_until(
+                lambda: len(api.get("/api/v1/gateways/").json()) == 2 and api.get("/api/v1/gateways/").json()
+            )
             assert {g["address"] for g in listed} == {f"127.0.0.1:{a.port}", f"127.0.0.1:{b.port}"}
             started = time.monotonic()
             r = api.patch("/api/v1/routing/tiny/", {"weights": {"canary": 1000, "stable": 9000}}, format="json")
@@ -278,7 +309,8 @@ def test_every_gateways_ack_is_visible_after_a_weight_change(start_gateway, star
             assert [(g["acked_epoch"], g["current"]) for g in acks["gateways"]] == [(epoch, True), (epoch, True)]
             assert elapsed < 2.0
             assert {g["address"]: g["epochs"] for g in api.get("/api/v1/gateways/").json()} == {
-                f"127.0.0.1:{a.port}": {"tiny": epoch}, f"127.0.0.1:{b.port}": {"tiny": epoch}
+                f"127.0.0.1:{a.port}": {"tiny": epoch},
+                f"127.0.0.1:{b.port}": {"tiny": epoch},
             }
             assert api.get("/api/v1/routing/tiny/").json()["acks"]["complete"] is True
             assert a.health()["models"] == {"tiny": epoch}
@@ -306,8 +338,13 @@ def test_the_request_log_names_the_revision_the_worker_was_running(start_gateway
             assert (row.worker_id, row.profile_revision_id) == (worker.pk, first.pk)
             # The worker switches: later requests are logged with what it runs now.
             worker.record_heartbeat(heartbeat_request("ready", second.pk))
-            wait_until(lambda: complete(gw.url, user_key).status_code == 200
-                       and RequestLog.objects.filter(profile_revision=second).exists(), timeout=10)
+            wait_until(
+                lambda: (
+                    complete(gw.url, user_key).status_code == 200
+                    and RequestLog.objects.filter(profile_revision=second).exists()
+                ),
+                timeout=10,
+            )
     assert set(RequestLog.objects.values_list("profile_revision_id", flat=True)) == {first.pk, second.pk}
 
 
@@ -328,7 +365,13 @@ def test_no_routable_worker_means_503_with_openai_error_json(start_gateway, star
     with start_gateway() as gw:
         r = complete(gw.url, user_key, stream=True)
         assert r.status_code == 503 and r.json()["error"]["code"] == "no_worker_available"
-        rows = wait_until(lambda: list(RequestLog.objects.filter(status=503)) if RequestLog.objects.filter(status=503).count() >= 2 else None)
+        rows = wait_until(
+            lambda: (
+                list(RequestLog.objects.filter(status=503))
+                if RequestLog.objects.filter(status=503).count() >= 2
+                else None
+            )
+        )
         assert all(row.cohort == "stable" and row.worker_id is None for row in rows)
 
 
@@ -340,7 +383,10 @@ def test_a_worker_that_answers_busy_is_passed_over_before_the_first_byte(start_g
                 r = complete(gw.url, user_key, stream=True)
                 assert r.status_code == 200 and " ok-0" in r.text
             metrics = httpx.get(f"{gw.url}/metrics", timeout=5).text
-            assert 'chunkpilot:gateway_upstream_errors_total{kind="status",pool="tiny-stable",worker="tiny-stable-0"}' in metrics
+            assert (
+                'chunkpilot:gateway_upstream_errors_total{kind="status",pool="tiny-stable",worker="tiny-stable-0"}'
+                in metrics
+            )
 
 
 def test_a_worker_killed_mid_run_gets_no_new_requests(start_gateway, start_worker, user_key) -> None:
@@ -360,9 +406,12 @@ def test_a_worker_killed_mid_run_gets_no_new_requests(start_gateway, start_worke
                     async def one(i: int) -> None:
                         started = time.time()
                         try:
-                            async with client.stream("POST", "/v1/completions", json={
-                                "model": "tiny", "prompt": "x", "max_tokens": 20, "stream": True},
-                                    headers={"authorization": f"Bearer {user_key}", "x-chunkpilot-session": str(i)}) as r:
+                            async with client.stream(
+                                "POST",
+                                "/v1/completions",
+                                json={"model": "tiny", "prompt": "x", "max_tokens": 20, "stream": True},
+                                headers={"authorization": f"Bearer {user_key}", "x-chunkpilot-session": str(i)},
+                            ) as r:
                                 body = b"".join([chunk async for chunk in r.aiter_raw()])
                                 ok = r.status_code == 200 and body.endswith(b"data: [DONE]\n\n")
                                 outcomes.append((started, r.status_code, "" if ok else body[-200:].decode()))
@@ -401,13 +450,17 @@ def _aware(unix: float) -> Any:
     return datetime.fromtimestamp(unix, tz=UTC)
 
 
-def test_gateway_metrics_count_requests_and_time_them_per_cohort(start_gateway, start_worker, user_key, admin_key) -> None:
+def test_gateway_metrics_count_requests_and_time_them_per_cohort(
+    start_gateway, start_worker, user_key, admin_key
+) -> None:
     with start_worker("stable") as (stable_url, _), start_worker("canary") as (canary_url, _):
         routed_model(canary_bp=0, urls={"stable": [stable_url], "canary": [canary_url]})
         with start_gateway() as gw:
             for _ in range(3):
                 assert complete(gw.url, user_key, stream=True).status_code == 200
-            assert complete(gw.url, admin_key, stream=True, headers={"x-chunkpilot-cohort": "canary"}).status_code == 200
+            assert (
+                complete(gw.url, admin_key, stream=True, headers={"x-chunkpilot-cohort": "canary"}).status_code == 200
+            )
             text = httpx.get(f"{gw.url}/metrics", timeout=5).text
     assert 'chunkpilot:gateway_requests_total{cohort="stable",model="tiny",status="200"} 3.0' in text
     assert 'chunkpilot:gateway_time_to_first_token_seconds_count{cohort="canary",model="tiny"} 1.0' in text
@@ -427,3 +480,56 @@ def test_routing_table_changes_reach_a_running_gateway(start_gateway, start_work
             wait_until(lambda: complete(gw.url, user_key).status_code == 404, timeout=5)
             assert json.loads(complete(gw.url, user_key).text)["error"]["code"] == "model_not_found"
     assert RoutingTable.objects.count() == 0
+
+
+# ---- hardening: caps and timeouts -------------------------------------------------------------------
+def test_output_caps_set_in_the_control_plane_reach_a_running_gateway(start_gateway, start_worker, user_key) -> None:
+    """A chat request with no max_tokens generated 4,083 tokens: now a route
+    (and a key) can cap it. Over the cap is a 400; no limit asked gets the cap."""
+    with start_worker("w") as (url, _):
+        table, _, _ = routed_model(urls={"stable": [url]})
+        with start_gateway() as gw:
+            headers = {"authorization": f"Bearer {user_key}"}
+
+            def chat(**extra: Any) -> httpx.Response:
+                body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], **extra}
+                return httpx.post(f"{gw.url}/v1/chat/completions", json=body, headers=headers, timeout=30)
+
+            assert complete(gw.url, user_key, max_tokens=40).status_code == 200  # no cap: as before
+            assert chat().json()["usage"]["completion_tokens"] == 16  # the worker's own default
+            epoch = table.set_output_cap(5, actor="test")
+            assert table.wait_for_acks(epoch, timeout_seconds=5).complete
+            over = complete(gw.url, user_key, max_tokens=40)
+            assert over.status_code == 400 and over.json()["error"]["param"] == "max_tokens"
+            assert chat().json()["usage"]["completion_tokens"] == 5
+            card = httpx.get(f"{gw.url}/v1/models/tiny", headers=headers, timeout=5).json()
+            assert card["id"] == "tiny" and card["max_output_tokens"] == 5
+            # The key's own cap, when tighter, holds.
+            key = ClientKey.objects.get()
+            ClientKey.objects.filter(pk=key.pk).update(max_output_tokens=3)
+            key.announce()
+            wait_until(lambda: complete(gw.url, user_key, max_tokens=4).status_code == 400, timeout=5)
+            assert chat().json()["usage"]["completion_tokens"] == 3
+    rows = RequestLog.objects.filter(status=400)
+    assert rows.count() >= 2 and all("limit" in row.error for row in rows)
+
+
+def test_the_gateways_read_and_client_body_timeouts_are_its_tunables(start_gateway, start_worker, user_key) -> None:
+    """A worker that takes a request and says nothing (a hung engine) gets a
+    504 after GATEWAY_READ_TIMEOUT_SECONDS; a client that declares a body and
+    sends none a 408 after GATEWAY_CLIENT_BODY_TIMEOUT_SECONDS."""
+    with start_worker("hung", ttft_ms=20_000) as (url, _):
+        routed_model(urls={"stable": [url]})
+        with start_gateway(GATEWAY_READ_TIMEOUT_SECONDS="1", GATEWAY_CLIENT_BODY_TIMEOUT_SECONDS="0.5") as gw:
+            for stream in (False, True):
+                r = complete(gw.url, user_key, stream=stream)
+                assert r.status_code == 504 and r.json()["error"]["code"] == "upstream_timeout"
+            conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=10)
+            conn.putrequest("POST", "/v1/completions")
+            conn.putheader("authorization", f"Bearer {user_key}")
+            conn.putheader("content-length", "100")
+            conn.endheaders(b'{"model": "tiny"')  # 16 of the 100 bytes it declared
+            response = conn.getresponse()
+            assert response.status == 408 and b"did not arrive in full" in response.read()
+    rows = wait_until(lambda: list(RequestLog.objects.filter(status=504)) if RequestLog.objects.count() >= 2 else None)
+    assert all(row.worker_id is not None and "did not answer in time" in row.error for row in rows)

@@ -21,8 +21,17 @@ def delta(d: dict) -> bytes:
     return event({"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": d, "finish_reason": None}]})
 
 
-USAGE = event({"choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14,
-                                        "prompt_tokens_details": {"cached_tokens": 8}}})
+USAGE = event(
+    {
+        "choices": [],
+        "usage": {
+            "prompt_tokens": 11,
+            "completion_tokens": 3,
+            "total_tokens": 14,
+            "prompt_tokens_details": {"cached_tokens": 8},
+        },
+    }
+)
 DONE = b"data: [DONE]\n\n"
 
 

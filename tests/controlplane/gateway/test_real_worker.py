@@ -4,7 +4,6 @@ is what it would get from the worker directly, token for token."""
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -12,13 +11,18 @@ import openai
 import pytest
 
 from controlplane.gateway.models import ClientKey, RequestLog
-from tests.controlplane.gateway.factories import routed_model
-from tests.support import PYTHON, child_env, free_port, running
+from tests.controlplane.gateway.factories import routed_reference_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-PROFILE = {"prefill_mode": "chunked", "max_num_batched_tokens": 256, "long_prefill_token_threshold": 64,
-           "max_num_seqs": 8, "block_size": 32, "kv_cache_bytes": 32 << 20}
+PROFILE = {
+    "prefill_mode": "chunked",
+    "max_num_batched_tokens": 256,
+    "long_prefill_token_threshold": 64,
+    "max_num_seqs": 8,
+    "block_size": 32,
+    "kv_cache_bytes": 32 << 20,
+}
 PROMPT = "def fibonacci(n):\n    "
 
 
@@ -28,14 +32,10 @@ def _stream_text(chunks: list[Any], chat: bool) -> str:
     return "".join(c.choices[0].text for c in chunks if c.choices)
 
 
-def test_streams_from_a_real_worker_arrive_intact_through_the_openai_client(tiny_model, start_gateway, tmp_path) -> None:
-    port = free_port()
-    argv = [PYTHON, "-m", "workers", "serve", "--engine", "reference", "--model", str(tiny_model), "--port", str(port),
-            "--served-model-name", "tiny", "--max-model-len", "2048", "--profile", json.dumps(PROFILE)]
-    with running(argv, env=child_env(), log_path=tmp_path / "worker.log") as proc:
-        url = f"http://127.0.0.1:{port}"
-        proc.wait_http(f"{url}/health", timeout=180)
-        routed_model(urls={"stable": [url]})
+def test_streams_from_a_real_worker_arrive_intact_through_the_openai_client(
+    tiny_model, start_gateway, tmp_path
+) -> None:
+    with routed_reference_worker(tiny_model, tmp_path, 2048, PROFILE) as url:
         key = ClientKey.issue("app")[1]
         with start_gateway() as gw:
             direct = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
@@ -44,27 +44,56 @@ def test_streams_from_a_real_worker_arrive_intact_through_the_openai_client(tiny
                 seen = []
                 for client in (direct, via):
                     if chat:
-                        chunks = list(client.chat.completions.create(
-                            model="tiny", messages=[{"role": "user", "content": PROMPT}], max_tokens=16,
-                            temperature=0, stream=True, extra_body={"ignore_eos": True}))
+                        chunks = list(
+                            client.chat.completions.create(
+                                model="tiny",
+                                messages=[{"role": "user", "content": PROMPT}],
+                                max_tokens=16,
+                                temperature=0,
+                                stream=True,
+                                extra_body={"ignore_eos": True},
+                            )
+                        )
                     else:
-                        chunks = list(client.completions.create(
-                            model="tiny", prompt=PROMPT, max_tokens=16, temperature=0, stream=True,
-                            extra_body={"ignore_eos": True}))
+                        chunks = list(
+                            client.completions.create(
+                                model="tiny",
+                                prompt=PROMPT,
+                                max_tokens=16,
+                                temperature=0,
+                                stream=True,
+                                extra_body={"ignore_eos": True},
+                            )
+                        )
                     # How many tokens share an event depends on the worker's timing;
                     # the text, how it ends and the absence of usage must not.
                     finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
                     seen.append((_stream_text(chunks, chat), finishes[-1], {c.usage for c in chunks}))
                 assert seen[0] == seen[1]
                 assert seen[1][0] and seen[1][1:] == ("length", {None})
-            with_usage = list(via.completions.create(model="tiny", prompt=PROMPT, max_tokens=8, temperature=0,
-                                                     stream=True, stream_options={"include_usage": True},
-                                                     extra_body={"ignore_eos": True}))
+            with_usage = list(
+                via.completions.create(
+                    model="tiny",
+                    prompt=PROMPT,
+                    max_tokens=8,
+                    temperature=0,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                    extra_body={"ignore_eos": True},
+                )
+            )
             assert with_usage[-1].usage.completion_tokens == 8
-            whole = via.completions.create(model="tiny", prompt=PROMPT, max_tokens=8, temperature=0,
-                                           extra_body={"ignore_eos": True})
-            assert whole.choices[0].text == direct.completions.create(
-                model="tiny", prompt=PROMPT, max_tokens=8, temperature=0, extra_body={"ignore_eos": True}).choices[0].text
+            whole = via.completions.create(
+                model="tiny", prompt=PROMPT, max_tokens=8, temperature=0, extra_body={"ignore_eos": True}
+            )
+            assert (
+                whole.choices[0].text
+                == direct.completions.create(
+                    model="tiny", prompt=PROMPT, max_tokens=8, temperature=0, extra_body={"ignore_eos": True}
+                )
+                .choices[0]
+                .text
+            )
             deadline = time.monotonic() + 10
             while RequestLog.objects.count() < 4 and time.monotonic() < deadline:
                 time.sleep(0.1)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
@@ -15,23 +14,18 @@ import pytest
 from django.db import connections
 from django.utils import timezone
 
-from controlplane.fleet.health import State
+from controlplane import live
+from controlplane.accounts.secrets import hash_secret
+from controlplane.fleet.health import WorkerState
 from controlplane.fleet.models import Worker
 from controlplane.gateway import bus
 from controlplane.gateway.models import ClientKey
-from controlplane.gateway.runtime import Presence, Refresher, load_state
-from controlplane.gateway.state import GatewayState, StateHolder, hash_key
+from controlplane.gateway.presence import Presence
+from controlplane.gateway.refresher import Refresher, load_state
+from controlplane.gateway.state import GatewayState, StateHolder
 from tests.controlplane.factories import enroll_worker, heartbeat_request
 from tests.controlplane.gateway.factories import routed_model
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float = 5.0, interval: float = 0.02) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"condition not met after {timeout}s")
-        time.sleep(interval)
-    return value
+from tests.support import wait_until
 
 
 # ---- which workers a gateway may route to --------------------------------------------------
@@ -59,12 +53,17 @@ SETUPS: dict[str, Callable[[Worker], None]] = {
     "drain requested only": _drain_requested_only,
     "cordoned": lambda w: (w.record_heartbeat(heartbeat_request("ready")), w.set_flags(cordoned=True)),
 }
-EXPECTED_STATES = {"reports draining": State.DRAINING, "unhealthy": State.UNHEALTHY, "reports applying": State.APPLYING}
+EXPECTED_STATES = {
+    "reports draining": WorkerState.DRAINING,
+    "unhealthy": WorkerState.UNHEALTHY,
+    "reports applying": WorkerState.APPLYING,
+}
 
 
 @pytest.mark.parametrize("case", list(SETUPS))
 def test_the_snapshot_holds_only_ready_workers_neither_draining_nor_unhealthy_nor_cordoned(
-        case: str, transactional_db: Any) -> None:
+    case: str, transactional_db: Any
+) -> None:
     _, pools, workers = routed_model()
     worker, _ = enroll_worker(f"w-{case.replace(' ', '-')}", pool=pools["stable"], url="http://127.0.0.1:9/x")
     SETUPS[case](worker)
@@ -98,8 +97,14 @@ def refresher(*, poll_seconds: float, notices_redis_url: str) -> Iterator[Refres
 
     async def make() -> Refresher:
         presence = Presence(settings.REDIS_URL, address="127.0.0.1:0", ttl_seconds=5)
-        r = Refresher(StateHolder(), presence, load=_load_and_let_go, poll_seconds=poll_seconds,
-                      heartbeat_seconds=1.0, redis_url=notices_redis_url)
+        r = Refresher(
+            StateHolder(),
+            presence,
+            load=_load_and_let_go,
+            poll_seconds=poll_seconds,
+            heartbeat_seconds=1.0,
+            redis_url=notices_redis_url,
+        )
         await r.start()
         return r
 
@@ -134,7 +139,7 @@ def test_a_notice_applies_a_change_without_waiting_for_the_poll(transactional_db
         assert _canary_bp(r) == 2500
         # A key notice carries nothing: it wakes a reload, well before the poll.
         _, plaintext = ClientKey.issue("new")
-        wait_until(lambda: hash_key(plaintext) in r.holder.current.keys)
+        wait_until(lambda: hash_secret(plaintext) in r.holder.current.keys)
         assert r.num_loads > loads
 
 
@@ -147,4 +152,28 @@ def test_polling_applies_a_change_when_no_notice_arrives(transactional_db: Any) 
         wait_until(lambda: r.holder.current.tables["tiny"].epoch == epoch)
         assert _canary_bp(r) == 2500
         _, plaintext = ClientKey.issue("new")
-        wait_until(lambda: hash_key(plaintext) in r.holder.current.keys)
+        wait_until(lambda: hash_secret(plaintext) in r.holder.current.keys)
+
+
+def _group_members(group: str) -> int:
+    """How many channels joined a channel-layer group (channels_redis keeps
+    each group as a sorted set under ``<prefix>:group:<name>``)."""
+    from django.conf import settings
+
+    prefix = settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"]
+    return int(bus.client().zcard(f"{prefix}:group:{group}"))
+
+
+def test_a_worker_change_reaches_the_gateway_as_the_fleets_domain_event(transactional_db: Any) -> None:
+    """Not a UI group: the gateway listens to ``fleet.worker_changed``."""
+    _, pools, workers = routed_model()
+    stable = workers["stable"][0]
+    group = live.group(live.Event.WORKER_CHANGED)
+    members = _group_members(group)
+    # Notices from a Redis nobody answers on and an hour's poll: only the event can wake a reload.
+    with refresher(poll_seconds=3600, notices_redis_url="redis://127.0.0.1:1/0") as r:
+        wait_until(lambda: _group_members(group) > members)
+        pool = pools["stable"].pk
+        assert [w.id for w in r.holder.current.tables["tiny"].pools[pool].workers] == [stable.pk]
+        stable.set_flags(cordoned=True)
+        wait_until(lambda: not r.holder.current.tables["tiny"].pools[pool].workers)

@@ -9,17 +9,25 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from controlplane.gateway.log_writer import LogWriter, write_records
 from controlplane.gateway.metrics import GatewayMetrics
 from controlplane.gateway.models import RequestLog
 from controlplane.gateway.proxy import RequestRecord
-from controlplane.gateway.runtime import LogWriter, write_records
 from controlplane.gateway.tasks import purge_request_log
 from tests.controlplane.gateway.factories import routed_model
 
 
 def record(**fields: Any) -> RequestRecord:
-    base: dict[str, Any] = {"request_id": "r", "created_at": time.time(), "model": "tiny", "cohort": "stable",
-                            "status": 200, "stream": True, "ttft_seconds": 0.05, "e2e_seconds": 0.5}
+    base: dict[str, Any] = {
+        "request_id": "r",
+        "created_at": time.time(),
+        "model": "tiny",
+        "cohort": "stable",
+        "status": 200,
+        "stream": True,
+        "ttft_seconds": 0.05,
+        "e2e_seconds": 0.5,
+    }
     return RequestRecord(**{**base, **fields})
 
 
@@ -43,8 +51,12 @@ def test_the_writer_batches_rows_into_the_log_and_marks_keys_used(transactional_
 
 def test_rows_that_name_a_deleted_worker_are_kept_without_it(transactional_db: Any) -> None:
     _, pools, workers = routed_model()
-    write_records([record(request_id="gone", pool_id=pools["stable"].pk, worker_id=999_999, profile_revision_id=888_888),
-                   record(request_id="fine", pool_id=pools["stable"].pk, worker_id=workers["stable"][0].pk)])
+    write_records(
+        [
+            record(request_id="gone", pool_id=pools["stable"].pk, worker_id=999_999, profile_revision_id=888_888),
+            record(request_id="fine", pool_id=pools["stable"].pk, worker_id=workers["stable"][0].pk),
+        ]
+    )
     gone, fine = RequestLog.objects.get(request_id="gone"), RequestLog.objects.get(request_id="fine")
     assert (gone.worker_id, gone.profile_revision_id, gone.pool_id) == (None, None, pools["stable"].pk)
     assert fine.worker_id == workers["stable"][0].pk
@@ -64,8 +76,9 @@ def test_rows_past_retention_are_purged_by_the_beat_task(settings: Any) -> None:
     settings.GATEWAY_LOG_RETENTION_DAYS = 2
     now = timezone.now()
     for age_days in (0, 1, 1.9, 2.1, 5, 30):
-        RequestLog.objects.create(request_id=f"{age_days}", created_at=now - timedelta(days=age_days), model="tiny",
-                                  status=200)
+        RequestLog.objects.create(
+            request_id=f"{age_days}", created_at=now - timedelta(days=age_days), model="tiny", status=200
+        )
     assert purge_request_log() == 3
     assert sorted(RequestLog.objects.values_list("request_id", flat=True)) == ["0", "1", "1.9"]
     assert purge_request_log() == 0
@@ -78,3 +91,18 @@ def test_the_retention_task_is_on_beats_schedule() -> None:
     app.finalize()
     schedule = app.conf.beat_schedule
     assert schedule["gateway request-log retention"]["task"] == "gateway.purge_request_log"
+
+
+def test_text_postgresql_cannot_hold_is_written_with_replacements_not_left_to_stall_the_log(
+    transactional_db: Any,
+) -> None:
+    """A worker's error message may quote a request's text: a lone surrogate
+    or a NUL in it failed the whole batch, which was then retried forever."""
+    write_records(
+        [
+            record(request_id="odd\x00id", status=400, error="`prompt` holds a\ud800b and a\x00 NUL"),
+            record(request_id="plain", status=400, error="caf\u00e9"),
+        ]
+    )
+    rows = {row.request_id: row.error for row in RequestLog.objects.all()}
+    assert rows == {"odd\ufffdid": "`prompt` holds a?b and a\ufffd NUL", "plain": "caf\u00e9"}

@@ -9,11 +9,11 @@ import pytest
 import yaml
 from rest_framework.test import APIClient
 
+from controlplane.accounts.secrets import hash_secret
 from controlplane.audit.models import AuditEvent
-from controlplane.fleet.health import State
+from controlplane.fleet.health import WorkerState
 from controlplane.fleet.models import Worker
 from controlplane.gateway.models import ClientKey, RoutingTable
-from controlplane.gateway.state import hash_key
 from tests.controlplane.factories import make_pool
 from tests.controlplane.gateway.factories import pool_spec, ready_worker, routed_model
 
@@ -35,7 +35,12 @@ def test_a_viewer_reads_tables_but_may_not_change_them(viewer_api: APIClient) ->
         {"pool": "tiny-canary", "role": "canary", "weight_bp": 1000},
         {"pool": "tiny-stable", "role": "stable", "weight_bp": 9000},
     ]
-    assert viewer_api.patch("/api/v1/routing/tiny/", {"weights": {"canary": 0, "stable": 10000}}, format="json").status_code == 403
+    assert (
+        viewer_api.patch(
+            "/api/v1/routing/tiny/", {"weights": {"canary": 0, "stable": 10000}}, format="json"
+        ).status_code
+        == 403
+    )
     body = {"pools": [pool_spec(pools["stable"], "stable", 10000)]}
     assert viewer_api.put("/api/v1/routing/tiny/", body, format="json").status_code == 403
     assert viewer_api.delete("/api/v1/routing/tiny/").status_code == 403
@@ -56,7 +61,8 @@ def test_put_creates_a_table_bumps_the_epoch_and_audits_it(operator_api: APIClie
     assert event.actor == operator
     assert event.before["pools"] == []
     assert event.after["pools"] == [
-        {"pool": "canary", "role": "canary", "weight_bp": 1000}, {"pool": "stable", "role": "stable", "weight_bp": 9000}
+        {"pool": "canary", "role": "canary", "weight_bp": 1000},
+        {"pool": "stable", "role": "stable", "weight_bp": 9000},
     ]
     assert event.after["reason"] == "first table"
     # The same PUT again changes nothing: same epoch, no new audit row.
@@ -68,7 +74,9 @@ def test_put_creates_a_table_bumps_the_epoch_and_audits_it(operator_api: APIClie
 def test_patch_changes_weights_by_role_audits_before_and_after_and_is_idempotent(operator_api: APIClient) -> None:
     table, _, _ = routed_model(canary_bp=500)
     epoch = table.epoch
-    response = operator_api.patch("/api/v1/routing/tiny/", {"weights": {"canary": 2500, "stable": 7500}, "reason": "step 2"}, format="json")
+    response = operator_api.patch(
+        "/api/v1/routing/tiny/", {"weights": {"canary": 2500, "stable": 7500}, "reason": "step 2"}, format="json"
+    )
     assert response.status_code == 200, response.content
     assert response.json()["epoch"] == epoch + 1
     event = AuditEvent.objects.filter(action="routing.set_weights").get()
@@ -97,8 +105,10 @@ def test_bad_weights_are_400_with_the_reason(operator_api: APIClient, weights: d
     assert RoutingTable.objects.get().weights() == {"canary": 1000, "stable": 9000}
 
 
-@pytest.mark.parametrize("body", [{"weights": {"canary": -1}}, {"weights": {"canary": 10001}}, {"weights": {}},
-                                  {"weights": {"canary": "lots"}}, {}])
+@pytest.mark.parametrize(
+    "body",
+    [{"weights": {"canary": -1}}, {"weights": {"canary": 10001}}, {"weights": {}}, {"weights": {"canary": "lots"}}, {}],
+)
 def test_malformed_weights_are_400_naming_the_field(operator_api: APIClient, body: dict) -> None:
     routed_model()
     response = operator_api.patch("/api/v1/routing/tiny/", body, format="json")
@@ -111,7 +121,7 @@ def test_a_pool_given_weight_needs_a_ready_worker(operator_api: APIClient, flag:
     _, _, workers = routed_model(canary_bp=0)
     canary = workers["canary"][0]
     if flag == "unhealthy":
-        Worker.objects.filter(pk=canary.pk).update(state=State.UNHEALTHY)
+        Worker.objects.filter(pk=canary.pk).update(state=WorkerState.UNHEALTHY)
     else:
         Worker.objects.filter(pk=canary.pk).update(**{flag: True})
     response = operator_api.patch("/api/v1/routing/tiny/", {"weights": {"canary": 1000, "stable": 9000}}, format="json")
@@ -123,8 +133,8 @@ def test_a_pool_given_weight_needs_a_ready_worker(operator_api: APIClient, flag:
 
 def test_taking_weight_off_a_pool_needs_no_ready_worker_and_an_abort_may_skip_the_check(operator: Any) -> None:
     table, _, workers = routed_model(canary_bp=2000)
-    Worker.objects.filter(pool__name="tiny-canary").update(state=State.OFFLINE)
-    Worker.objects.filter(pool__name="tiny-stable").update(state=State.UNHEALTHY)
+    Worker.objects.filter(pool__name="tiny-canary").update(state=WorkerState.OFFLINE)
+    Worker.objects.filter(pool__name="tiny-stable").update(state=WorkerState.UNHEALTHY)
     with pytest.raises(Exception, match="tiny-stable"):
         table.set_weights({"canary": 0, "stable": 10000}, actor=operator)
     epoch = table.set_weights({"canary": 0, "stable": 10000}, actor="rollout:1", reason="abort", require_ready=False)
@@ -137,10 +147,20 @@ def test_taking_weight_off_a_pool_needs_no_ready_worker_and_an_abort_may_skip_th
     [
         ([{"pool": "nope", "role": "stable", "weight_bp": 10000}], "pools"),
         ([{"pool": "tiny-stable", "role": "leader", "weight_bp": 10000}], "pools"),
-        ([{"pool": "tiny-stable", "role": "stable", "weight_bp": 5000},
-          {"pool": "tiny-canary", "role": "stable", "weight_bp": 5000}], "pools"),
-        ([{"pool": "tiny-stable", "role": "stable", "weight_bp": 5000},
-          {"pool": "tiny-stable", "role": "canary", "weight_bp": 5000}], "pools"),
+        (
+            [
+                {"pool": "tiny-stable", "role": "stable", "weight_bp": 5000},
+                {"pool": "tiny-canary", "role": "stable", "weight_bp": 5000},
+            ],
+            "pools",
+        ),
+        (
+            [
+                {"pool": "tiny-stable", "role": "stable", "weight_bp": 5000},
+                {"pool": "tiny-stable", "role": "canary", "weight_bp": 5000},
+            ],
+            "pools",
+        ),
         ([{"pool": "tiny-stable", "role": "stable", "weight_bp": 9999}], "weights"),
     ],
 )
@@ -170,6 +190,57 @@ def test_ack_query_parameters_are_checked(viewer_api: APIClient) -> None:
 
 
 # ---- client keys --------------------------------------------------------------------
+def test_an_output_cap_is_set_cleared_and_shown_per_route_bumping_the_epoch_and_audited(
+    operator_api: APIClient,
+) -> None:
+    table, pools, _ = routed_model()
+    assert operator_api.get("/api/v1/routing/tiny/").json()["max_output_tokens"] is None  # none by default
+    epoch = table.epoch
+    capped = operator_api.patch(
+        "/api/v1/routing/tiny/", {"max_output_tokens": 512, "reason": "runaway chats"}, format="json"
+    )
+    assert capped.status_code == 200, capped.content
+    assert capped.json()["max_output_tokens"] == 512 and capped.json()["epoch"] == epoch + 1
+    event = AuditEvent.objects.get(action="routing.set_output_cap")
+    assert (event.before["max_output_tokens"], event.after["max_output_tokens"]) == (None, 512)
+    assert event.after["reason"] == "runaway chats"
+    # The same cap again changes nothing; a PUT that leaves it out keeps it; null clears it.
+    assert (
+        operator_api.patch("/api/v1/routing/tiny/", {"max_output_tokens": 512}, format="json").json()["epoch"]
+        == epoch + 1
+    )
+    body = {"pools": [pool_spec(pools["stable"], "stable", 10000), pool_spec(pools["canary"], "canary", 0)]}
+    assert operator_api.put("/api/v1/routing/tiny/", body, format="json").json()["max_output_tokens"] == 512
+    cleared = operator_api.put("/api/v1/routing/tiny/", {**body, "max_output_tokens": None}, format="json")
+    assert cleared.status_code == 200 and cleared.json()["max_output_tokens"] is None
+    assert [r["max_output_tokens"] for r in operator_api.get("/api/v1/routing/").json()] == [None]
+
+
+@pytest.mark.parametrize("cap", [0, -1, 10**20, "many", 1.5, True])
+def test_a_bad_output_cap_is_a_400_naming_the_field(operator_api: APIClient, admin_api: APIClient, cap: Any) -> None:
+    routed_model()
+    response = operator_api.patch("/api/v1/routing/tiny/", {"max_output_tokens": cap}, format="json")
+    assert response.status_code == 400 and "max_output_tokens" in response.json(), response.content
+    key = admin_api.post("/api/v1/client-keys/", {"name": "k", "max_output_tokens": cap}, format="json")
+    assert key.status_code == 400 and "max_output_tokens" in key.json(), key.content
+    assert RoutingTable.objects.get().max_output_tokens is None and not ClientKey.objects.exists()
+
+
+def test_a_patch_with_nothing_to_change_is_a_400(operator_api: APIClient) -> None:
+    routed_model()
+    response = operator_api.patch("/api/v1/routing/tiny/", {"reason": "nothing"}, format="json")
+    assert response.status_code == 400 and "weights" in response.json()
+
+
+def test_a_client_key_carries_its_own_output_cap(admin_api: APIClient) -> None:
+    response = admin_api.post("/api/v1/client-keys/", {"name": "batch jobs", "max_output_tokens": 256}, format="json")
+    assert response.status_code == 201 and response.json()["max_output_tokens"] == 256
+    key = ClientKey.objects.get()
+    assert key.max_output_tokens == 256
+    lifted = admin_api.patch(f"/api/v1/client-keys/{key.pk}/", {"max_output_tokens": None}, format="json")
+    assert lifted.status_code == 200 and lifted.json()["max_output_tokens"] is None
+
+
 def test_client_keys_are_admin_only_even_to_read(viewer_api: APIClient, operator_api: APIClient) -> None:
     assert viewer_api.get("/api/v1/client-keys/").status_code == 403
     assert operator_api.get("/api/v1/client-keys/").status_code == 403
@@ -182,7 +253,7 @@ def test_an_issued_key_is_shown_once_stored_hashed_and_audited(admin_api: APICli
     plaintext = response.json()["key"]
     assert plaintext.startswith("cpk_") and len(plaintext) > 40
     key = ClientKey.objects.get()
-    assert key.key_hash == hash_key(plaintext) and plaintext not in str(ClientKey.objects.values().get())
+    assert key.key_hash == hash_secret(plaintext) and plaintext not in str(ClientKey.objects.values().get())
     assert admin_api.get(f"/api/v1/client-keys/{key.pk}/").json()["key"] is None
     event = AuditEvent.objects.get(action="clientkey.create")
     assert event.actor == admin_user and "key_hash" not in event.after
@@ -200,8 +271,13 @@ def test_a_client_key_needs_a_name(admin_api: APIClient) -> None:
 
 def test_the_openapi_document_has_the_routing_api() -> None:
     document = yaml.safe_load(APIClient().get("/api/schema/").content)
-    for path in ("/api/v1/routing/", "/api/v1/routing/{model}/", "/api/v1/routing/{model}/acks/",
-                 "/api/v1/gateways/", "/api/v1/client-keys/"):
+    for path in (
+        "/api/v1/routing/",
+        "/api/v1/routing/{model}/",
+        "/api/v1/routing/{model}/acks/",
+        "/api/v1/gateways/",
+        "/api/v1/client-keys/",
+    ):
         assert path in document["paths"], path
     assert {"get", "put", "patch", "delete"} <= set(document["paths"]["/api/v1/routing/{model}/"])
 
@@ -214,5 +290,41 @@ def test_the_demo_seed_routes_everything_to_stable_and_issues_one_fresh_key() ->
     second = demo.seed("tiny-model")
     table = RoutingTable.objects.get(model="tiny-model")
     assert table.weights() == {"canary": 0, "stable": 10000}
-    assert ClientKey.objects.get().key_hash == hash_key(second) != hash_key(first)
+    assert ClientKey.objects.get().key_hash == hash_secret(second) != hash_secret(first)
     assert ClientKey.objects.get().is_admin
+
+
+@pytest.fixture
+def redis_down(settings: Any) -> None:
+    """Redis is a port nobody listens on: every call fails to connect, as when
+    the server is stopped (tests/faults/ stops a real one under load)."""
+    from tests.support import free_port
+
+    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
+
+
+def test_while_redis_is_down_tables_are_served_with_their_acks_unknown(viewer_api: APIClient, redis_down: None) -> None:
+    routed_model(canary_bp=1000)
+    one = viewer_api.get("/api/v1/routing/tiny/")
+    assert one.status_code == 200, one.content
+    assert one.json()["acks"] == {"epoch": one.json()["epoch"], "state": "unknown", "complete": False, "gateways": []}
+    assert one.json()["pools"][0]["weight_bp"] == 1000
+    listed = viewer_api.get("/api/v1/routing/")
+    assert listed.status_code == 200 and listed.json()[0]["acks"]["state"] == "unknown"
+    assert viewer_api.get("/api/v1/routing/tiny/acks/").json()["state"] == "unknown"
+
+
+def test_what_needs_redis_answers_503_json_while_it_is_down(viewer_api: APIClient, redis_down: None) -> None:
+    routed_model(canary_bp=1000)
+    for path in ["/api/v1/gateways/", "/api/v1/routing/tiny/acks/?wait=1"]:
+        response = viewer_api.get(path)
+        assert response.status_code == 503, (path, response.content)
+        assert response.json()["unavailable"] == "redis" and response["Retry-After"]
+
+
+def test_acks_are_known_when_redis_is_up(viewer_api: APIClient) -> None:
+    routed_model(canary_bp=1000)
+    acks = viewer_api.get("/api/v1/routing/tiny/").json()["acks"]
+    assert (acks["state"], acks["complete"]) == ("complete", True), (
+        "no gateway is live here: nothing routes by old weights"
+    )

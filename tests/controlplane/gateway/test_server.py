@@ -20,7 +20,9 @@ JSON = [(b"content-type", b"application/json")]
 
 
 @contextlib.asynccontextmanager
-async def serving(handler: Callable[[Exchange], Awaitable[None] | None], **settings: Any) -> AsyncIterator[dict[str, Any]]:
+async def serving(
+    handler: Callable[[Exchange], Awaitable[None] | None], **settings: Any
+) -> AsyncIterator[dict[str, Any]]:
     """Runs ``serve`` on a free port until the block ends; yields what the test may look at."""
     port = free_port()
     stop = asyncio.Event()
@@ -30,8 +32,11 @@ async def serving(handler: Callable[[Exchange], Awaitable[None] | None], **setti
     async def shutdown() -> None:
         seen["shutdown_ran"] = True
 
-    task = asyncio.ensure_future(serve(handler, "127.0.0.1", port, settings=ServerSettings(**settings),
-                                       shutdown=shutdown, stop=stop, ready=up.set))
+    task = asyncio.ensure_future(
+        serve(
+            handler, "127.0.0.1", port, settings=ServerSettings(**settings), shutdown=shutdown, stop=stop, ready=up.set
+        )
+    )
     await asyncio.wait_for(up.wait(), 10)
     seen["task"] = task
     try:
@@ -67,8 +72,18 @@ async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[bytes, 
 
 
 def post(path: str, body: bytes, *extra: bytes, version: bytes = b"1.1") -> bytes:
-    return (b"POST " + path.encode() + b" HTTP/" + version + b"\r\nhost: x\r\ncontent-length: "
-            + str(len(body)).encode() + b"\r\n" + b"".join(h + b"\r\n" for h in extra) + b"\r\n" + body)
+    return (
+        b"POST "
+        + path.encode()
+        + b" HTTP/"
+        + version
+        + b"\r\nhost: x\r\ncontent-length: "
+        + str(len(body)).encode()
+        + b"\r\n"
+        + b"".join(h + b"\r\n" for h in extra)
+        + b"\r\n"
+        + body
+    )
 
 
 def echo(ex: Exchange) -> None:
@@ -83,9 +98,11 @@ def run(test: Callable[[], Awaitable[None]]) -> None:
 def test_keep_alive_and_pipelined_requests_are_answered_in_order_on_one_connection() -> None:
     def handler(ex: Exchange) -> Awaitable[None] | None:
         if ex.path == "/slow":
+
             async def later() -> None:
                 await asyncio.sleep(0.05)  # the next request waits for this answer
                 echo(ex)
+
             return later()
         echo(ex)
         return None
@@ -162,6 +179,7 @@ def stream_three(ex: Exchange) -> Awaitable[None]:
             await asyncio.sleep(0.01)
             ex.write(b"data: %d\n\n" % n)
         ex.end()
+
     return rest()
 
 
@@ -199,6 +217,7 @@ def test_the_client_going_away_completes_the_exchanges_gone_future() -> None:
             await asyncio.wait_for(ex.gone, 5)
             noticed.set()
             ex.write(b"after")  # to a closed connection: dropped, no error
+
         return wait()
 
     async def test() -> None:
@@ -232,6 +251,7 @@ def test_a_client_that_does_not_read_pauses_the_handler_and_resumes_it_when_it_d
                 await asyncio.sleep(0)
             await asyncio.wait_for(resumed.wait(), 10)
             ex.end()
+
         return flood()
 
     async def test() -> None:
@@ -252,9 +272,11 @@ def test_a_failing_handler_gets_a_500_and_the_server_keeps_serving() -> None:
         if ex.path == "/boom":
             raise RuntimeError("a bug")
         if ex.path == "/boom-later":
+
             async def later() -> None:
                 await asyncio.sleep(0)
                 raise RuntimeError("a later bug")
+
             return later()
         echo(ex)
         return None
@@ -284,11 +306,43 @@ def test_an_idle_connection_is_closed_after_the_keep_alive_timeout() -> None:
     run(test)
 
 
+def test_a_client_that_declares_a_body_and_does_not_send_it_gets_408_and_the_connection_closes() -> None:
+    """It held the connection for over 40 s: now the rest must come within
+    ``body_timeout_seconds`` of the last byte."""
+
+    async def test() -> None:
+        async with serving(echo, body_timeout_seconds=0.3) as srv:
+            for partial in (
+                post("/v1/completions", b"x" * 100)[:-90],  # 10 of the 100 bytes declared
+                b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n",
+            ):  # the head, unfinished
+                reader, writer = await connect(srv["port"])
+                writer.write(partial)
+                status, headers, body = await read_response(reader)
+                assert status == 408 and headers[b"connection"] == b"close"
+                assert b"did not arrive in full" in body
+                assert await asyncio.wait_for(reader.read(), 5) == b""  # closed
+            # A body that keeps coming, each part within the timeout, is served whole.
+            reader, writer = await connect(srv["port"])
+            request = post("/slow", b"y" * 30)
+            for i in range(0, len(request), 20):
+                writer.write(request[i : i + 20])
+                await asyncio.sleep(0.1)
+            assert (await read_response(reader))[2] == b"POST /slow " + b"y" * 30
+            # An idle kept-alive connection between requests is the keep-alive timeout's, not this one's.
+            await asyncio.sleep(0.5)
+            writer.write(post("/again", b"z"))
+            assert (await read_response(reader))[2] == b"POST /again z"
+
+    run(test)
+
+
 def test_shutdown_lets_the_request_in_flight_finish_then_runs_the_hook() -> None:
     def handler(ex: Exchange) -> Awaitable[None]:
         async def slow() -> None:
             await asyncio.sleep(0.3)
             echo(ex)
+
         return slow()
 
     async def test() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from controlplane.gateway.cohort import Role
+from controlplane.fleet.pools import PoolRole
 from controlplane.gateway.proxy import Gateway, ProxySettings
 from controlplane.gateway.state import PoolTarget, StateHolder, WorkerTarget
 
@@ -20,12 +20,13 @@ class Clock:
 
 def pool_of(*worker_ids: int) -> PoolTarget:
     workers = tuple(WorkerTarget(w, f"w{w}", f"http://w{w}", 1, None) for w in worker_ids)
-    return PoolTarget(1, "p1", Role.STABLE, 10000, workers)
+    return PoolTarget(1, "p1", PoolRole.STABLE, 10000, workers)
 
 
 def gateway(clock: Clock | None = None) -> Gateway:
-    return Gateway(StateHolder(), record=lambda rec: None, settings=ProxySettings(eject_seconds=10),
-                   clock=clock or Clock())
+    return Gateway(
+        StateHolder(), record=lambda rec: None, settings=ProxySettings(eject_seconds=10), clock=clock or Clock()
+    )
 
 
 def picks(gw: Gateway, pool: PoolTarget, n: int, tried: set[int] | None = None) -> list[int | None]:

@@ -56,6 +56,7 @@ def store(at: datetime, pages: Mapping[scrape.Job, Page | None]) -> int:
     parsed = []
     for j, page in pages.items():
         fetched = scrape.Fetched(j, None if page is None else page.text(), "" if page else "connection refused", 0.01)
-        parsed.append((fetched, None if page is None else catalogue.parse(page.text()),
-                       "" if page else "connection refused"))
+        parsed.append(
+            (fetched, None if page is None else catalogue.parse(page.text()), "" if page else "connection refused")
+        )
     return scrape.record(at, parsed)

@@ -25,9 +25,14 @@ def viewer():
 
 
 def scraped(now, cohort: str = "stable") -> Worker:
-    w = Worker.objects.create(name=f"w-{cohort}", url="http://w.invalid", pool=Pool.objects.get_or_create(name=cohort)[0])
+    w = Worker.objects.create(
+        name=f"w-{cohort}", url="http://w.invalid", pool=Pool.objects.get_or_create(name=cohort)[0]
+    )
     for i in range(12):
-        store(now - timedelta(seconds=55 - 5 * i), {job(w, cohort): Page(counters={"vllm:request_success_total": 10.0 * i})})
+        store(
+            now - timedelta(seconds=55 - 5 * i),
+            {job(w, cohort): Page(counters={"vllm:request_success_total": 10.0 * i})},
+        )
     return w
 
 
@@ -59,7 +64,7 @@ def test_empty_windows_answer_null_not_zero(viewer) -> None:
         ({"figure": "ttft_p99", "window": "0s"}, "window"),
         ({"figure": "ttft_p99", "window": "30d"}, "window"),
         ({"figure": "ttft_p99", "group_by": "zone"}, "group_by"),
-        ({"figure": "ttft_p99", "group_by": "length_bucket"}, "group_by"),
+        ({"figure": "itl_p99", "group_by": "length_bucket"}, "group_by"),  # not labelled by prompt length
         ({"figure": "goodput", "ttft_slo": "-1"}, "ttft_slo"),
     ],
 )
@@ -71,8 +76,9 @@ def test_bad_parameters_answer_400_naming_the_field(viewer, params, field) -> No
 
 def test_a_time_series_has_one_value_per_step_and_group(viewer) -> None:
     scraped(timezone.now())
-    reply = viewer.get("/api/v1/metrics/query_range",
-                       {"figure": "requests_per_second", "window": "1m", "range": "10m", "step": "1m"})
+    reply = viewer.get(
+        "/api/v1/metrics/query_range", {"figure": "requests_per_second", "window": "1m", "range": "10m", "step": "1m"}
+    )
     assert reply.status_code == 200
     body = reply.json()
     assert len(body["times"]) == 11 and body["step_seconds"] == 60
@@ -88,11 +94,20 @@ def test_length_buckets_group_exact_client_figures(viewer) -> None:
 
     now = timezone.now()
     for tokens, ttft in ((100, 0.2), (100, 0.4), (5000, 2.0)):
-        RequestLog.objects.create(request_id=f"r{tokens}{ttft}", created_at=now - timedelta(seconds=10), model="tiny",
-                                  cohort="stable", prompt_tokens=tokens, ttft_seconds=ttft, tpot_seconds=0.01,
-                                  e2e_seconds=1.0, status=200)
-    body = viewer.get("/api/v1/metrics/query", {"figure": "client_ttft_p50", "window": "1m",
-                                                "group_by": "length_bucket"}).json()
+        RequestLog.objects.create(
+            request_id=f"r{tokens}{ttft}",
+            created_at=now - timedelta(seconds=10),
+            model="tiny",
+            cohort="stable",
+            prompt_tokens=tokens,
+            ttft_seconds=ttft,
+            tpot_seconds=0.01,
+            e2e_seconds=1.0,
+            status=200,
+        )
+    body = viewer.get(
+        "/api/v1/metrics/query", {"figure": "client_ttft_p50", "window": "1m", "group_by": "length_bucket"}
+    ).json()
     assert body["values"] == {"<=512": pytest.approx(0.3), "<=8K": pytest.approx(2.0)}
     slo = viewer.get("/api/v1/metrics/query", {"figure": "goodput_ratio", "window": "1m", "ttft_slo": "1"}).json()
     assert slo["values"] == {"fleet": pytest.approx(2 / 3)}
@@ -104,13 +119,19 @@ def test_the_registry_lists_every_figure_with_unit_direction_and_promql(viewer) 
     assert body["panel"] == ["ttft_p99", "memory_peak_to_mean", "prefill_wait_p99", "kv_fragmentation"]
     assert names["ttft_p99"]["direction"] == "lower" and names["ttft_p99"]["unit"] == "s"
     assert "histogram_quantile(0.99" in names["ttft_p99"]["promql"]
-    assert "length_bucket" in names["client_ttft_p99"]["group_by"] and "length_bucket" not in names["ttft_p99"]["group_by"]
+    assert (
+        "length_bucket" in names["client_ttft_p99"]["group_by"] and "length_bucket" not in names["itl_p99"]["group_by"]
+    )
+    assert "length_bucket" in names["ttft_p99"]["group_by"]  # the workers label TTFT by prompt length
 
 
 def test_operators_set_objectives_and_viewers_may_only_read_them() -> None:
     viewer, operator = api_client(make_user(Role.VIEWER)), api_client(make_user(Role.OPERATOR))
     assert viewer.get("/api/v1/metrics/objectives").json()["ttft_seconds"] == 2.0
-    assert viewer.put("/api/v1/metrics/objectives", {"ttft_seconds": 1, "tpot_seconds": 0.05}, format="json").status_code == 403
+    assert (
+        viewer.put("/api/v1/metrics/objectives", {"ttft_seconds": 1, "tpot_seconds": 0.05}, format="json").status_code
+        == 403
+    )
     reply = operator.put("/api/v1/metrics/objectives", {"ttft_seconds": 1, "tpot_seconds": 0.05}, format="json")
     assert reply.status_code == 200 and reply.json()["ttft_seconds"] == 1
     assert ServiceObjectives.current().tpot_seconds == 0.05

@@ -35,11 +35,9 @@ def all_expressions() -> list[str]:
     return exprs
 
 
-def test_checked_in_files_are_what_the_registry_generates() -> None:
-    assert (ROOT / "deploy/grafana/chunkpilot.json").read_text() == deploy.dashboard_json(), \
-        "run `python manage.py export_deploy`"
-    assert (ROOT / "deploy/prometheus/rules.yml").read_text() == deploy.rules_yaml(), \
-        "run `python manage.py export_deploy`"
+@pytest.mark.parametrize(("relative", "text"), deploy.files().items())
+def test_checked_in_files_are_what_the_registry_generates(relative: str, text: str) -> None:
+    assert (ROOT / "deploy" / relative).read_text() == text, "run `python manage.py export_deploy`"
 
 
 def test_every_series_they_read_is_served_by_a_worker() -> None:
@@ -68,7 +66,7 @@ def test_the_dashboard_has_the_four_figures_first_and_filters_by_pool() -> None:
     assert titles[:4] == ["TTFT P99", "Memory peak/mean", "Prefill wait (mean, P99)", "KV fragmentation"]
     ttft = next(p for p in dashboard["panels"] if p["title"] == "TTFT P99")
     assert ttft["targets"][0]["expr"] == (
-        'histogram_quantile(0.99, sum by (le, $group) '
+        "histogram_quantile(0.99, sum by (le, $group) "
         '(rate(vllm:time_to_first_token_seconds_bucket{pool=~"$pool"}[$window])))'
     )
     mix = next(p for p in dashboard["panels"] if p["title"] == "Token mix per step")
@@ -91,8 +89,24 @@ def test_service_discovery_labels_each_worker_with_pool_and_cohort() -> None:
     Worker.objects.create(name="b", url="https://gpu-b.example.com/prefix/")
     body = api_client(make_user(Role.VIEWER)).get("/api/v1/metrics/prometheus-sd").json()
     assert body == [
-        {"targets": ["10.0.0.5:8000"], "labels": {"__scheme__": "http", "__metrics_path__": "/metrics",
-                                                  "worker": "a", "pool": "gpu-canary", "cohort": "canary"}},
-        {"targets": ["gpu-b.example.com:443"], "labels": {"__scheme__": "https", "__metrics_path__": "/prefix/metrics",
-                                                          "worker": "b", "pool": "", "cohort": ""}},
+        {
+            "targets": ["10.0.0.5:8000"],
+            "labels": {
+                "__scheme__": "http",
+                "__metrics_path__": "/metrics",
+                "worker": "a",
+                "pool": "gpu-canary",
+                "cohort": "canary",
+            },
+        },
+        {
+            "targets": ["gpu-b.example.com:443"],
+            "labels": {
+                "__scheme__": "https",
+                "__metrics_path__": "/prefix/metrics",
+                "worker": "b",
+                "pool": "",
+                "cohort": "",
+            },
+        },
     ]

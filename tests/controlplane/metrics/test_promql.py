@@ -23,39 +23,57 @@ INCREASE_CASES = [
         # 12 samples every 5 s from t=5: first 10, last 120, increase 110 over 55 s.
         # Start gap 5 s < 1.1 x 5 s, zero point 55 x 10/110 = 5 s: extrapolate 5 s.
         # End gap 0. 110 x (55 + 5 + 0) / 55 = 120.
-        series(5, 5, [10 * (i + 1) for i in range(12)]), 0, 60, 120.0,
+        series(5, 5, [10 * (i + 1) for i in range(12)]),
+        0,
+        60,
+        120.0,
         id="steady_counter_extrapolates_to_both_edges",
     ),
     pytest.param(
         # 10, 20, 5 (reset), 15 at t=5..20: 15 - 10 + 20 = 25 over 15 s.
         # Start gap 5 s, zero point 15 x 10/25 = 6 s: extrapolate 5 s. 25 x 20/15.
-        series(5, 5, [10, 20, 5, 15]), 0, 20, 25 * 20 / 15,
+        series(5, 5, [10, 20, 5, 15]),
+        0,
+        20,
+        25 * 20 / 15,
         id="counter_reset_adds_the_value_before_the_reset",
     ),
     pytest.param(
         # 100, 120 (+20), 3 (reset: +120), 4, 1 (reset: +4), 2: 2 - 100 + 120 + 4 = 26 over 25 s.
         # Start gap 5 s, zero point 25 x 100/26 > 5 s: extrapolate 5 s. 26 x 30/25.
-        series(5, 5, [100, 120, 3, 4, 1, 2]), 0, 30, 26 * 30 / 25,
+        series(5, 5, [100, 120, 3, 4, 1, 2]),
+        0,
+        30,
+        26 * 30 / 25,
         id="two_counter_resets_in_one_window",
     ),
     pytest.param(
         # A series born mid-window: samples t=30..60 (7), values 3..9, increase 6 over 30 s.
         # Start gap 30 s >= 5.5 s: extrapolate half an interval, 2.5 s (zero point 15 s).
         # 6 x (30 + 2.5) / 30 = 6.5.
-        series(30, 5, [3, 4, 5, 6, 7, 8, 9]), 0, 60, 6.5,
+        series(30, 5, [3, 4, 5, 6, 7, 8, 9]),
+        0,
+        60,
+        6.5,
         id="series_starting_inside_the_window_extrapolates_half_an_interval",
     ),
     pytest.param(
         # t=10:1, 20:11, 30:21 in (0, 60]: increase 20 over 20 s, interval 10 s.
         # Start gap 10 s < 11 s, but the zero point is 20 x 1/20 = 1 s away: use 1 s.
         # End gap 30 s >= 11 s: half an interval, 5 s. 20 x (20 + 1 + 5) / 20 = 26.
-        series(10, 10, [1, 11, 21]), 0, 60, 26.0,
+        series(10, 10, [1, 11, 21]),
+        0,
+        60,
+        26.0,
         id="extrapolation_stops_at_the_counters_zero_point",
     ),
     pytest.param(
         # The sample at t=0 sits on the open left edge and is out: (30, 130), (60, 160).
         # Increase 30 over 30 s, start gap 30 s < 33 s, zero point 130 s: 30 x 60/30.
-        [(0, 100.0), (30, 130.0), (60, 160.0)], 0, 60, 60.0,
+        [(0, 100.0), (30, 130.0), (60, 160.0)],
+        0,
+        60,
+        60.0,
         id="sample_on_the_left_edge_is_outside_the_range",
     ),
     pytest.param(series(5, 5, [7, 7, 7, 7]), 0, 20, 0.0, id="flat_counter_is_zero_not_no_data"),
@@ -83,8 +101,11 @@ def test_vectorised_windows_extrapolate_each_series_with_its_own_zero_point() ->
     # Two series sampled together at t=10, 20, 30 in (0, 60]: one starts at 1
     # (zero point 1 s away), the other at 1000 (no clamp, 10 s back).
     window = promql.CounterWindow(
-        first_t=10, last_t=30, num_samples=3,
-        first_values=np.array([1.0, 1000.0]), increases=np.array([20.0, 20.0]),
+        first_t=10,
+        last_t=30,
+        num_samples=3,
+        first_values=np.array([1.0, 1000.0]),
+        increases=np.array([20.0, 20.0]),
     )
     got = promql.extrapolated_increase(window, 0, 60)
     assert got == pytest.approx([26.0, 20 * (20 + 10 + 5) / 20])
@@ -115,7 +136,9 @@ QUANTILE_CASES = [
     pytest.param(0.99, BUCKETS, 1.0, id="rank_in_the_inf_bucket_answers_the_highest_finite_bound"),
     pytest.param(0.5, list(reversed(BUCKETS)), 0.42, id="bucket_order_does_not_matter"),
     # 8 < 10 below it is lifted to 10; rank 10 is met by the lowest bucket: 0.1.
-    pytest.param(0.5, [(0.1, 10.0), (0.5, 8.0), (1.0, 20.0), (math.inf, 20.0)], 0.1, id="non_monotonic_counts_are_made_monotonic"),
+    pytest.param(
+        0.5, [(0.1, 10.0), (0.5, 8.0), (1.0, 20.0), (math.inf, 20.0)], 0.1, id="non_monotonic_counts_are_made_monotonic"
+    ),
     # Same-bound buckets add: (0.5, 10), (+Inf, 20); rank 5: 0.5 x 5/10.
     pytest.param(0.25, [(0.5, 5.0), (0.5, 5.0), (math.inf, 20.0)], 0.25, id="buckets_with_one_bound_are_merged"),
     # A negative lowest bound is answered as is when the rank lands there.
@@ -176,8 +199,7 @@ def test_ratio_without_a_denominator_is_no_data() -> None:
 def test_range_windows_agree_with_increase_at_every_point_including_resets_and_gaps() -> None:
     # One counter scraped every 5 s with a reset at t=40 and a missed scrape
     # at t=65; ranges of 20 s evaluated every 10 s.
-    samples = [(t, v) for t, v in series(5, 5, [3, 8, 14, 20, 27, 30, 31, 2, 9, 15, 22, 30, 41, 45])
-               if t != 65]
+    samples = [(t, v) for t, v in series(5, 5, [3, 8, 14, 20, 27, 30, 31, 2, 9, 15, 22, 30, 41, 45]) if t != 65]
     times = np.array([t for t, _ in samples])
     raw = np.array([v for _, v in samples])
     folded = [0.0]
@@ -207,7 +229,9 @@ def test_vectorised_quantiles_agree_with_the_scalar_rules_case_by_case() -> None
     # Every hand-computed case above with a strictly ascending, +Inf-topped
     # bucket list, side by side in one call.
     cases = [
-        (0.5, BUCKETS), (0.05, BUCKETS), (0.99, BUCKETS),
+        (0.5, BUCKETS),
+        (0.05, BUCKETS),
+        (0.99, BUCKETS),
         (0.5, [(0.1, 10.0), (0.5, 8.0), (1.0, 20.0), (math.inf, 20.0)]),
         (0.5, [(0.1, 0.0), (0.5, 0.0), (1.0, 0.0), (math.inf, 0.0)]),
         (0.0, [(0.1, 0.0), (0.5, 3.0), (1.0, 3.0), (math.inf, 3.0)]),

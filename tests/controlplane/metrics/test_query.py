@@ -62,9 +62,7 @@ def test_ttft_p99_by_cohort_sums_buckets_within_each_cohort(clock) -> None:
     assert by_cohort["stable"] == pytest.approx(0.099)
     # fleet: 209, 209, 220, 220: rank 217.8, 8.8 into (0.5, 1] of 11: 0.9.
     assert query.query("ttft_p99", 60, now=at(60)) == {"fleet": pytest.approx(0.9)}
-    assert query.query("ttft_p99", 60, "pool", {"cohort": "canary"}, now=at(60)) == {
-        "canary-pool": pytest.approx(0.95)
-    }
+    assert query.query("ttft_p99", 60, "pool", {"cohort": "canary"}, now=at(60)) == {"canary-pool": pytest.approx(0.95)}
 
 
 def test_counter_reset_in_the_window_counts_like_prometheus(clock) -> None:
@@ -96,8 +94,10 @@ def test_reset_just_before_the_window_uses_the_raw_value_for_the_zero_point(cloc
 def test_window_with_one_scrape_is_no_data_and_a_flat_counter_is_zero(clock) -> None:
     busy, idle, late = worker("busy", "p"), worker("idle", "p"), worker("late", "p")
     for i in range(1, 13):
-        pages = {job(busy): Page(counters={"vllm:num_preemptions_total": 7.0}),
-                 job(idle): Page(counters={"vllm:num_preemptions_total": 3.0})}
+        pages = {
+            job(busy): Page(counters={"vllm:num_preemptions_total": 7.0}),
+            job(idle): Page(counters={"vllm:num_preemptions_total": 3.0}),
+        }
         if i == 12:
             pages[job(late)] = Page(counters={"vllm:num_preemptions_total": 1.0})
         store(at(5 * i), pages)
@@ -112,11 +112,18 @@ def test_memory_peak_to_mean_and_kv_fragmentation_over_five_minutes(clock) -> No
     w = worker("w1", "p")
     for i in range(0, 61):  # 0..300 s; the scrape at 0 sits on the open edge
         peak = 9999.0 if i == 0 else (800.0 if i == 30 else 300.0 + (i % 3) * 100)  # 800 at 150 s: an inner minute
-        store(at(5 * i), {job(w): Page(
-            counters={"chunkpilot:memory_byte_seconds_total": 1e6 + 2000.0 * i,  # 400 bytes held on average
-                      "chunkpilot:kv_fragmentation_ratio_seconds_total": 100 + 1.25 * i},  # 0.25
-            gauges={"chunkpilot:memory_recent_peak_bytes": peak},
-        )})
+        store(
+            at(5 * i),
+            {
+                job(w): Page(
+                    counters={
+                        "chunkpilot:memory_byte_seconds_total": 1e6 + 2000.0 * i,  # 400 bytes held on average
+                        "chunkpilot:kv_fragmentation_ratio_seconds_total": 100 + 1.25 * i,
+                    },  # 0.25
+                    gauges={"chunkpilot:memory_recent_peak_bytes": peak},
+                )
+            },
+        )
     got = query.query_many(["memory_peak_to_mean", "kv_fragmentation"], 300, now=at(300))
     assert got["memory_peak_to_mean"]["fleet"] == pytest.approx(800 / 400)
     assert got["kv_fragmentation"]["fleet"] == pytest.approx(0.25)
@@ -130,12 +137,19 @@ def test_time_weighted_means_cover_only_the_time_a_young_worker_was_up(clock) ->
     w = worker("young", "p")
     for i in range(0, 49):  # scrapes at 60..300 s
         held = 5.0 * i
-        store(at(60 + 5 * i), {job(w): Page(
-            counters={"chunkpilot:memory_byte_seconds_total": 1000.0 * held,
-                      "chunkpilot:kv_fragmentation_ratio_seconds_total": 0.2 * held,
-                      "chunkpilot:held_seconds_total": held},
-            gauges={"chunkpilot:memory_recent_peak_bytes": 1000.0},
-        )})
+        store(
+            at(60 + 5 * i),
+            {
+                job(w): Page(
+                    counters={
+                        "chunkpilot:memory_byte_seconds_total": 1000.0 * held,
+                        "chunkpilot:kv_fragmentation_ratio_seconds_total": 0.2 * held,
+                        "chunkpilot:held_seconds_total": held,
+                    },
+                    gauges={"chunkpilot:memory_recent_peak_bytes": 1000.0},
+                )
+            },
+        )
     got = query.query_many(["memory_peak_to_mean", "kv_fragmentation"], 300, now=at(300))
     assert got["memory_peak_to_mean"]["fleet"] == pytest.approx(1.0)
     assert got["kv_fragmentation"]["fleet"] == pytest.approx(0.2)
@@ -170,7 +184,10 @@ def test_a_worker_that_does_not_answer_is_marked_down_and_the_rest_are_stored(cl
 def test_moving_to_another_cohort_starts_new_series(clock) -> None:
     w = worker("w1", "p")
     for i in range(1, 13):
-        store(at(5 * i), {job(w, "canary" if i <= 6 else "stable"): Page(counters={"vllm:request_success_total": 10.0 * i})})
+        store(
+            at(5 * i),
+            {job(w, "canary" if i <= 6 else "stable"): Page(counters={"vllm:request_success_total": 10.0 * i})},
+        )
     got = query.query("requests_per_second", 60, "cohort", now=at(60))
     # Each cohort's series has 6 samples 25 s apart and is extrapolated by half an interval at its open end.
     assert set(got) == {"canary", "stable"}
@@ -183,7 +200,7 @@ def test_moving_to_another_cohort_starts_new_series(clock) -> None:
     [
         ({"figure": "ttft_p100"}, "figure"),
         ({"figure": "ttft_p99", "group_by": "region"}, "group_by"),
-        ({"figure": "ttft_p99", "group_by": "length_bucket"}, "group_by"),
+        ({"figure": "itl_p99", "group_by": "length_bucket"}, "group_by"),  # not labelled by prompt length
         ({"figure": "ttft_p99", "window_seconds": -5}, "window"),
         ({"figure": "ttft_p99", "selector": {"zone": "a"}}, "selector"),
     ],
@@ -198,16 +215,37 @@ def test_bad_input_names_the_parameter(kwargs, field) -> None:
 # ---- the gateway's request log --------------------------------------------------------
 
 
-def log_request(created: datetime, *, prompt_tokens: int, ttft: float | None, tpot: float | None = 0.05,
-                status: int = 200, error: str = "", cohort: str = "stable", w: Worker | None = None,
-                stream: bool = True, e2e: float | None = None):
+def log_request(
+    created: datetime,
+    *,
+    prompt_tokens: int,
+    ttft: float | None,
+    tpot: float | None = 0.05,
+    status: int = 200,
+    error: str = "",
+    cohort: str = "stable",
+    w: Worker | None = None,
+    stream: bool = True,
+    e2e: float | None = None,
+):
     from controlplane.gateway.models import RequestLog
 
     return RequestLog.objects.create(
-        request_id=f"r{RequestLog.objects.count()}", created_at=created, model="tiny", cohort=cohort,
-        pool=w.pool if w else None, worker=w, prompt_tokens=prompt_tokens, output_tokens=10,
-        ttft_seconds=ttft, max_gap_seconds=(ttft or 0) / 2, tpot_seconds=tpot,
-        e2e_seconds=(ttft or 0) + 1 if e2e is None else e2e, status=status, error=error, stream=stream,
+        request_id=f"r{RequestLog.objects.count()}",
+        created_at=created,
+        model="tiny",
+        cohort=cohort,
+        pool=w.pool if w else None,
+        worker=w,
+        prompt_tokens=prompt_tokens,
+        output_tokens=10,
+        ttft_seconds=ttft,
+        max_gap_seconds=(ttft or 0) / 2,
+        tpot_seconds=tpot,
+        e2e_seconds=(ttft or 0) + 1 if e2e is None else e2e,
+        status=status,
+        error=error,
+        stream=stream,
     )
 
 
@@ -239,13 +277,17 @@ def test_goodput_counts_requests_meeting_both_objectives(clock) -> None:
     assert got["goodput_ratio"] == {"fleet": pytest.approx(2 / 6)}
     assert got["error_rate"] == {"fleet": pytest.approx(1 / 6)}
     assert query.query_many(["goodput", "goodput_ratio", "request_count"], 60, now=at(600)) == {
-        "goodput": {"fleet": None}, "goodput_ratio": {"fleet": None}, "request_count": {"fleet": 0.0}
+        "goodput": {"fleet": None},
+        "goodput_ratio": {"fleet": None},
+        "request_count": {"fleet": 0.0},
     }
 
 
 def test_goodput_judges_a_request_answered_whole_by_when_its_answer_arrived(clock) -> None:
     # Not streamed: the gateway logs no TTFT or TPOT, only the end-to-end time.
-    log_request(at(1), prompt_tokens=10, ttft=None, tpot=None, stream=False, e2e=0.8)  # answer within the TTFT objective
+    log_request(
+        at(1), prompt_tokens=10, ttft=None, tpot=None, stream=False, e2e=0.8
+    )  # answer within the TTFT objective
     log_request(at(2), prompt_tokens=10, ttft=None, tpot=None, stream=False, e2e=3.0)  # the client waited 3 s
     log_request(at(3), prompt_tokens=10, ttft=None, tpot=None, stream=False, e2e=0.2, status=503, error="gone")
     objectives = Objectives(ttft_seconds=1.0, tpot_seconds=0.1)
@@ -260,7 +302,9 @@ def test_retention_keeps_raw_scrapes_a_day_and_minutes_two_weeks_and_long_window
     day = 86400
     # The counter counts seconds (1 request/s); scraped every 30 s for an
     # hour three days ago and for the last hour.
-    samples = [(float(start + 30 * i), 1e6 + start + 30 * i + 3 * day) for start in (-3 * day, -3600) for i in range(1, 121)]
+    samples = [
+        (float(start + 30 * i), 1e6 + start + 30 * i + 3 * day) for start in (-3 * day, -3600) for i in range(1, 121)
+    ]
     for t, value in samples:
         store(at(t), {job(w): Page(counters={"vllm:request_success_total": value})})
     now = at(0)
@@ -283,3 +327,82 @@ def test_retention_keeps_raw_scrapes_a_day_and_minutes_two_weeks_and_long_window
     with time_machine.travel(now + timedelta(days=15), tick=False):
         purge_expired(now + timedelta(days=15))
         assert not Rollup.objects.exists() and not Target.objects.exists()
+
+
+def test_p95_sits_beside_p50_and_p99_for_exact_and_scraped_figures(clock) -> None:
+    w = worker("w1", "p")
+    for i in range(1, 101):
+        log_request(at(i * 0.5), prompt_tokens=100, ttft=i / 100, w=w)  # ttft 0.01 .. 1.00
+    got = {
+        name: query.query(name, 60, now=at(60))["fleet"]
+        for name in ("client_ttft_p50", "client_ttft_p95", "client_ttft_p99")
+    }
+    # ranks 0.5, 0.95 and 0.99 of 99 steps between 0.01 and 1.00
+    assert got == {
+        "client_ttft_p50": pytest.approx(0.505),
+        "client_ttft_p95": pytest.approx(0.9505),
+        "client_ttft_p99": pytest.approx(0.9901),
+    }
+    canary = worker("c1", "canary-pool")
+    for i in range(1, 13):
+        store(at(5 * i), {job(canary, "canary"): ttft_page(i, slow=True)})
+    # 99, 99, 110, 110 as in the P99 test: rank 0.95 x 110 = 104.5, 5.5 into (0.5, 1] of 11: 0.75.
+    assert query.query("ttft_p95", 60, now=at(60))["fleet"] == pytest.approx(0.75)
+
+
+def test_the_prefill_time_histogram_is_kept_and_read(clock) -> None:
+    canary = worker("c1", "canary-pool")
+    prefill = "vllm:request_prefill_time_seconds"
+    for i in range(1, 13):
+        total = 10.0 * i
+        store(
+            at(5 * i),
+            {
+                job(canary, "canary"): Page(
+                    histograms={prefill: ([(0.1, total / 2), (0.5, total), (INF, total)], 0.2 * total)}
+                )
+            },
+        )
+    assert query.query("prefill_time_mean", 60, now=at(60))["fleet"] == pytest.approx(0.2)
+    # half in (0, 0.1], half in (0.1, 0.5]: the median at the first half's top.
+    assert query.query("prefill_time_p50", 60, now=at(60))["fleet"] == pytest.approx(0.1)
+    assert 0.1 < query.query("prefill_time_p99", 60, now=at(60))["fleet"] <= 0.5
+
+
+class _Exported:
+    """A worker's real /metrics page (its exporter fed the engine's records)."""
+
+    def __init__(self, text: str):
+        self._text = text
+
+    def text(self) -> str:
+        return self._text
+
+
+def test_scraped_figures_per_prompt_bucket_where_the_worker_labels_them(clock) -> None:
+    from workers.engines.api import RequestMetrics
+    from workers.server.metrics import MetricsExporter
+
+    exporter = MetricsExporter(model_name="tiny", max_model_len=65536)
+    w = worker("w1", "p")
+    store(at(5), {job(w, "stable"): _Exported(exporter.render().decode())})
+    for i in range(20):
+        for prompt_tokens, ttft in ((100, 0.008), (9000, 0.9)):
+            m = RequestMetrics(
+                arrival_time=0.0,
+                first_scheduled_time=0.001,
+                first_token_time=ttft,
+                token_times=[ttft, ttft + 0.02],
+                finished_time=ttft + 0.02,
+                num_prompt_tokens=prompt_tokens,
+                num_output_tokens=2,
+            )
+            exporter.on_request_finished(f"r{i}-{prompt_tokens}", m, "length")
+    store(at(60), {job(w, "stable"): _Exported(exporter.render().decode())})
+    got = query.query("ttft_p99", 60, "length_bucket", now=at(60))
+    assert set(got) == {"<=512", "<=32K"}  # the other buckets had no requests: absent, not 0
+    assert 0.005 < got["<=512"] <= 0.01 and 0.75 < got["<=32K"] <= 1.0
+    assert query.query("stall_p50", 60, "length_bucket", now=at(60))["<=512"] == pytest.approx(0.02, rel=0.5)
+    with pytest.raises(query.QueryError) as raised:
+        query.query("itl_p99", 60, "length_bucket", now=at(60))
+    assert raised.value.field == "group_by"

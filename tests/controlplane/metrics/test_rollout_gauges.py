@@ -19,10 +19,16 @@ pytestmark = pytest.mark.django_db
 def started(model: str, *, phase: Rollout.Phase, step_index: int, canary_bp: int) -> Rollout:
     """A rollout made through the product, then where the reconciler left it."""
     fleet = make_fleet(model)
-    rollout = Rollout.start(routing_table=fleet.table, stable_pool=fleet.stable, canary_pool=fleet.canary,
-                            target_revision=fleet.target_revision, actor=None)
-    Rollout.objects.filter(pk=rollout.pk).update(phase=phase, step_index=step_index,
-                                                 weights={"canary": canary_bp, "stable": 10000 - canary_bp})
+    rollout = Rollout.start(
+        routing_table=fleet.table,
+        stable_pool=fleet.stable,
+        canary_pool=fleet.canary,
+        target_revision=fleet.target_revision,
+        actor=None,
+    )
+    Rollout.objects.filter(pk=rollout.pk).update(
+        phase=phase, step_index=step_index, weights={"canary": canary_bp, "stable": 10000 - canary_bp}
+    )
     return rollout
 
 
@@ -33,8 +39,10 @@ def scrape() -> dict[str, Any]:
 
 
 def by_rollout(family: Any) -> dict[tuple[str, str, str, str], float]:
-    return {(s.labels["rollout"], s.labels["pool"], s.labels["canary_pool"], s.labels["phase"]): s.value
-            for s in family.samples}
+    return {
+        (s.labels["rollout"], s.labels["pool"], s.labels["canary_pool"], s.labels["phase"]): s.value
+        for s in family.samples
+    }
 
 
 def test_rollout_gauges_report_each_unfinished_rollouts_step_weight_and_pause() -> None:
@@ -44,8 +52,15 @@ def test_rollout_gauges_report_each_unfinished_rollouts_step_weight_and_pause() 
     families = scrape()
 
     phases = {s.labels["phase"]: s.value for s in families["chunkpilot_rollouts"].samples}
-    assert phases == {"pending": 0, "progressing": 1, "paused": 1, "promoting": 0, "aborting": 0, "aborted": 0,
-                      "succeeded": 1}
+    assert phases == {
+        "pending": 0,
+        "progressing": 1,
+        "paused": 1,
+        "promoting": 0,
+        "aborting": 0,
+        "aborted": 0,
+        "succeeded": 1,
+    }
     p = (str(paused.pk), paused.stable_pool.name, paused.canary_pool.name, "paused")
     m = (str(moving.pk), moving.stable_pool.name, moving.canary_pool.name, "progressing")
     # The finished rollout has no series of its own.
@@ -57,6 +72,7 @@ def test_rollout_gauges_report_each_unfinished_rollouts_step_weight_and_pause() 
 def test_with_no_rollout_every_phase_reads_zero_and_no_rollout_has_a_series() -> None:
     families = scrape()
     assert {s.labels["phase"]: s.value for s in families["chunkpilot_rollouts"].samples} == {
-        phase.label: 0 for phase in Rollout.Phase}
+        phase.label: 0 for phase in Rollout.Phase
+    }
     for name in ("chunkpilot_rollout_step", "chunkpilot_rollout_canary_weight_bp", "chunkpilot_rollout_paused"):
         assert families[name].samples == []

@@ -18,7 +18,7 @@ import httpx
 import pytest
 from django.utils import timezone
 
-from controlplane.fleet.health import State
+from controlplane.fleet.health import WorkerState
 from controlplane.fleet.models import Pool, Worker
 from controlplane.gateway.models import RoutingPool, RoutingTable
 from controlplane.metrics import query, scrape
@@ -36,8 +36,14 @@ from tests.workers.server.support import worker
 
 pytestmark = [pytest.mark.slow]
 
-PROFILE = {"prefill_mode": "chunked", "max_num_batched_tokens": 256, "long_prefill_token_threshold": 64,
-           "max_num_seqs": 4, "block_size": 32, "kv_cache_bytes": 32 << 20}
+PROFILE = {
+    "prefill_mode": "chunked",
+    "max_num_batched_tokens": 256,
+    "long_prefill_token_threshold": 64,
+    "max_num_seqs": 4,
+    "block_size": 32,
+    "kv_cache_bytes": 32 << 20,
+}
 REQUESTS_PER_WORKER = 4
 
 
@@ -46,8 +52,10 @@ def servers(tiny_model: Path, tmp_path_factory: Any) -> Iterator[list[str]]:
     """Two real reference workers for the whole module."""
     logs = tmp_path_factory.mktemp("scraped-workers")
     extra = ["--max-model-len", "1024", "--served-model-name", "tiny"]
-    with worker(tiny_model, logs / "a.log", profile=json.dumps(PROFILE), extra=extra) as (a, _), \
-         worker(tiny_model, logs / "b.log", profile=json.dumps(PROFILE), extra=extra) as (b, _):
+    with (
+        worker(tiny_model, logs / "a.log", profile=json.dumps(PROFILE), extra=extra) as (a, _),
+        worker(tiny_model, logs / "b.log", profile=json.dumps(PROFILE), extra=extra) as (b, _),
+    ):
         yield [a, b]
 
 
@@ -84,7 +92,7 @@ def fleet(servers: list[str], hung_url: str) -> dict[str, Worker]:
     RoutingPool.objects.create(table=table, pool=stable_pool, role="stable", weight_bp=9000)
     RoutingPool.objects.create(table=table, pool=canary_pool, role="canary", weight_bp=1000)
 
-    def make(name: str, url: str, pool: Pool, state: State = State.READY) -> Worker:
+    def make(name: str, url: str, pool: Pool, state: WorkerState = WorkerState.READY) -> Worker:
         return Worker.objects.create(name=name, url=url, pool=pool, state=state)
 
     return {
@@ -92,15 +100,17 @@ def fleet(servers: list[str], hung_url: str) -> dict[str, Worker]:
         "canary": make("real-canary", servers[1], canary_pool),
         "refused": make("refused", f"http://127.0.0.1:{free_port()}", stable_pool),
         "hung": make("hung", hung_url, stable_pool),
-        "offline": make("offline", "http://192.0.2.1:9", stable_pool, State.OFFLINE),  # not asked at all
+        "offline": make("offline", "http://192.0.2.1:9", stable_pool, WorkerState.OFFLINE),  # not asked at all
     }
 
 
 def complete(base: str, n: int) -> None:
     with httpx.Client(base_url=base, timeout=60) as client:
         for i in range(n):
-            reply = client.post("/v1/completions", json={"model": "tiny", "prompt": f"count {i}:", "max_tokens": 6,
-                                                         "temperature": 0, "ignore_eos": True})
+            reply = client.post(
+                "/v1/completions",
+                json={"model": "tiny", "prompt": f"count {i}:", "max_tokens": 6, "temperature": 0, "ignore_eos": True},
+            )
             assert reply.status_code == 200, reply.text
 
 
@@ -156,7 +166,7 @@ def test_the_beat_task_scrapes_on_a_real_celery_worker(servers: list[str], celer
     from controlplane.metrics import tasks
 
     pool = Pool.objects.create(name="p")
-    Worker.objects.create(name="real-a", url=servers[0], pool=pool, state=State.READY)
+    Worker.objects.create(name="real-a", url=servers[0], pool=pool, state=WorkerState.READY)
     tasks.scrape.delay()
     deadline = time.monotonic() + 30
     while not ScrapeRound.objects.filter(finished_at__isnull=False).exists():

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from django.conf import settings
-
+from controlplane.metrics import conf
 from controlplane.metrics.tasks import PURGE_INTERVAL_SECONDS
 
 
@@ -18,8 +17,8 @@ def beat_schedule() -> dict:
 def test_beat_scrapes_every_scrape_interval_and_a_late_round_expires() -> None:
     entry = beat_schedule()["metrics scrape"]
     assert entry["task"] == "metrics.scrape"
-    assert entry["schedule"] == settings.SCRAPE_INTERVAL
-    assert entry["options"]["expires"] == settings.SCRAPE_INTERVAL
+    assert entry["schedule"] == conf.SCRAPE_INTERVAL.get()
+    assert entry["options"]["expires"] == conf.SCRAPE_INTERVAL.get()
 
 
 def test_beat_purges_expired_metrics_once_a_minute() -> None:

@@ -15,7 +15,12 @@ pytestmark = pytest.mark.django_db
 def test_create_makes_revision_one_and_audits_it(operator_api: APIClient, operator: Any) -> None:
     response = operator_api.post(
         "/api/v1/profiles/",
-        {"name": "chunked-512", "engine_kind": "reference", "fields": {"max_num_batched_tokens": 512}, "comment": "first"},
+        {
+            "name": "chunked-512",
+            "engine_kind": "reference",
+            "fields": {"max_num_batched_tokens": 512},
+            "comment": "first",
+        },
         format="json",
     )
     assert response.status_code == 201, response.content
@@ -32,7 +37,11 @@ def test_create_makes_revision_one_and_audits_it(operator_api: APIClient, operat
     ("fields", "engine_kind", "bad_field"),
     [
         ({"max_num_batched_tokens": 32, "max_num_seqs": 64}, "reference", "max_num_batched_tokens"),
-        ({"max_num_batched_tokens": 256, "long_prefill_token_threshold": 300}, "reference", "long_prefill_token_threshold"),
+        (
+            {"max_num_batched_tokens": 256, "long_prefill_token_threshold": 300},
+            "reference",
+            "long_prefill_token_threshold",
+        ),
         ({"max_num_batched_tokens": 0}, "reference", "max_num_batched_tokens"),
         ({"max_num_seqs": -4}, "reference", "max_num_seqs"),
         ({"short_prompt_threshold": 64}, "vllm", "short_prompt_threshold"),
@@ -96,7 +105,10 @@ def test_put_replaces_the_fields_missing_knobs_take_defaults(operator_api: APICl
     assert response.json()["latest_revision"]["fields"]["max_num_seqs"] == 64
     event = AuditEvent.objects.get(action="profile.update")
     assert (event.before["revision"], event.after["revision"]) == (1, 2)
-    assert (event.before["fields"]["max_num_batched_tokens"], event.after["fields"]["max_num_batched_tokens"]) == (1024, 2048)
+    assert (event.before["fields"]["max_num_batched_tokens"], event.after["fields"]["max_num_batched_tokens"]) == (
+        1024,
+        2048,
+    )
 
 
 def test_an_edit_that_changes_no_knob_adds_no_revision(operator_api: APIClient) -> None:

@@ -57,7 +57,11 @@ def test_diff_of_unknown_keys_sorts_them_after_the_contract_fields() -> None:
     ("fields", "engine_kind", "bad_field"),
     [
         ({"max_num_batched_tokens": 32, "max_num_seqs": 64}, "reference", "max_num_batched_tokens"),
-        ({"max_num_batched_tokens": 256, "long_prefill_token_threshold": 512}, "reference", "long_prefill_token_threshold"),
+        (
+            {"max_num_batched_tokens": 256, "long_prefill_token_threshold": 512},
+            "reference",
+            "long_prefill_token_threshold",
+        ),
         ({"max_num_seqs": 0}, "reference", "max_num_seqs"),
         ({"block_size": -16}, "reference", "block_size"),
         ({"short_prompt_threshold": 64}, "vllm", "short_prompt_threshold"),

@@ -23,7 +23,9 @@ FAST = {
 
 
 @pytest.fixture
-def start_celery(transactional_db: Any, tmp_path: Path) -> Iterator[Callable[..., contextlib.AbstractContextManager[Process]]]:
+def start_celery(
+    transactional_db: Any, tmp_path: Path
+) -> Iterator[Callable[..., contextlib.AbstractContextManager[Process]]]:
     """``with start_celery(beat=True) as proc:`` runs one Celery worker (with
     an embedded beat when asked) until the block ends."""
     from django.conf import settings
@@ -34,9 +36,22 @@ def start_celery(transactional_db: Any, tmp_path: Path) -> Iterator[Callable[...
     def start(*, beat: bool = False, **env: str) -> Iterator[Process]:
         n = next(counter)
         argv = [
-            PYTHON, "-m", "celery", "-A", "controlplane", "worker", "--pool", "solo", "--loglevel", "INFO",
-            "--without-gossip", "--without-mingle", "-Q", settings.CELERY_TASK_DEFAULT_QUEUE,
-            "-n", f"rollouts-{RUN_ID}-{n}-{uuid.uuid4().hex[:4]}@%h",
+            PYTHON,
+            "-m",
+            "celery",
+            "-A",
+            "controlplane",
+            "worker",
+            "--pool",
+            "solo",
+            "--loglevel",
+            "INFO",
+            "--without-gossip",
+            "--without-mingle",
+            "-Q",
+            settings.CELERY_TASK_DEFAULT_QUEUE,
+            "-n",
+            f"rollouts-{RUN_ID}-{n}-{uuid.uuid4().hex[:4]}@%h",
         ]
         if beat:
             argv += ["-B", "-s", str(tmp_path / f"beat-{n}")]

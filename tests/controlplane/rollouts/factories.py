@@ -11,7 +11,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from controlplane.fleet.health import State
+from controlplane.fleet.health import WorkerState
 from controlplane.fleet.models import Pool, Worker
 from controlplane.gateway import bus
 from controlplane.gateway.models import PoolSpec, RoutingTable
@@ -38,13 +38,22 @@ def revisions(prefix: str = "p") -> tuple[ProfileRevision, ProfileRevision]:
     """A monolithic stable revision and a chunked target of it."""
     profile = Profile.objects.create(name=f"{prefix}-{uuid.uuid4().hex[:6]}")
     stable = profile.add_revision({"prefill_mode": "monolithic", "max_num_batched_tokens": 512}, comment="stable")
-    target = profile.add_revision({"prefill_mode": "chunked", "max_num_batched_tokens": 256,
-                                   "long_prefill_token_threshold": 64}, comment="chunked")
+    target = profile.add_revision(
+        {"prefill_mode": "chunked", "max_num_batched_tokens": 256, "long_prefill_token_threshold": 64},
+        comment="chunked",
+    )
     return stable, target
 
 
-def make_fleet(model: str = "tiny", *, num_stable: int = 2, num_canary: int = 1, num_baseline: int = 0,
-               urls: dict[str, list[str]] | None = None, max_model_len: int = 512) -> Fleet:
+def make_fleet(
+    model: str = "tiny",
+    *,
+    num_stable: int = 2,
+    num_canary: int = 1,
+    num_baseline: int = 0,
+    urls: dict[str, list[str]] | None = None,
+    max_model_len: int = 512,
+) -> Fleet:
     """A routing table with a stable pool (all traffic), a canary pool and
     optionally a baseline pool (weight 0), every worker ready on the stable
     revision."""
@@ -87,7 +96,7 @@ def follow(fleet: Fleet | None = None, *, only: list[Worker] | None = None, beat
     for w in targets:
         worker = Worker.objects.for_heartbeat().get(pk=w.pk)
         desired = worker.effective_desired_revision_id()
-        changed = worker.running_revision_id != desired or worker.state != State.READY
+        changed = worker.running_revision_id != desired or worker.state != WorkerState.READY
         if changed or beat_all:
             heartbeat(worker, "ready", desired)
         switched += changed
@@ -108,8 +117,10 @@ class FakeGateway:
         conn = bus.client()
         info = json.dumps({"address": "fake", "hostname": socket.gethostname(), "pid": 0, "started_at": time.time()})
         pipe = conn.pipeline(transaction=True)
-        pipe.hset(bus.gateway_key(self.id), mapping={"info": info, "acks": json.dumps(self.acks),
-                                                     "last_seen": repr(time.time())})
+        pipe.hset(
+            bus.gateway_key(self.id),
+            mapping={"info": info, "acks": json.dumps(self.acks), "last_seen": repr(time.time())},
+        )
         pipe.pexpire(bus.gateway_key(self.id), self.ttl_ms)
         pipe.zadd(bus.live_key(), {self.id: time.time()})
         if publish:
@@ -164,14 +175,3 @@ class Agents:
                     follow(self.fleet, beat_all=True)
         finally:
             connection.close()
-
-
-def wait_for(predicate: Any, timeout: float = 30.0, interval: float = 0.1, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not met after {timeout}s")
-        time.sleep(interval)

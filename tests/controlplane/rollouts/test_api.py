@@ -21,8 +21,13 @@ def fleet(db: Any) -> Fleet:
 
 
 def body(fleet: Fleet, **kw: Any) -> dict[str, Any]:
-    return {"model": fleet.table.model, "stable_pool": fleet.stable.name, "canary_pool": fleet.canary.name,
-            "target_revision": fleet.target_revision.pk, **kw}
+    return {
+        "model": fleet.table.model,
+        "stable_pool": fleet.stable.name,
+        "canary_pool": fleet.canary.name,
+        "target_revision": fleet.target_revision.pk,
+        **kw,
+    }
 
 
 def test_a_rollout_is_created_from_a_profile_revision_with_the_default_plan(operator_api: APIClient, fleet) -> None:
@@ -30,8 +35,12 @@ def test_a_rollout_is_created_from_a_profile_revision_with_the_default_plan(oper
     assert r.status_code == 201, r.json()
     data = r.json()
     assert data["steps"] == [
-        {"set_weight": 1000}, {"analysis": {"template": "default"}}, {"set_weight": 2500},
-        {"analysis": {"template": "default"}}, {"set_weight": 5000}, {"analysis": {"template": "default"}},
+        {"set_weight": 1000},
+        {"analysis": {"template": "default"}},
+        {"set_weight": 2500},
+        {"analysis": {"template": "default"}},
+        {"set_weight": 5000},
+        {"analysis": {"template": "default"}},
         {"set_weight": 10000},
     ]
     assert data["stable_revision"]["id"] == fleet.stable_revision.pk
@@ -133,8 +142,9 @@ def test_buttons_that_do_not_fit_the_phase_are_a_400(operator_api: APIClient, fl
         ("retry", "ABORTED", "retry_requested"),
     ],
 )
-def test_buttons_that_fit_the_phase_set_their_flag_and_write_an_audit_row(operator_api: APIClient, fleet, action,
-                                                                           phase, flag) -> None:
+def test_buttons_that_fit_the_phase_set_their_flag_and_write_an_audit_row(
+    operator_api: APIClient, fleet, action, phase, flag
+) -> None:
     rollout_id = operator_api.post("/api/v1/rollouts/", body(fleet), format="json").json()["id"]
     Rollout.objects.filter(pk=rollout_id).update(phase=getattr(Rollout.Phase, phase))
     r = operator_api.post(f"/api/v1/rollouts/{rollout_id}/{action}/")
@@ -150,7 +160,8 @@ def test_buttons_that_fit_the_phase_set_their_flag_and_write_an_audit_row(operat
 
 
 def test_rollback_of_a_succeeded_rollout_starts_a_fast_tracked_one_and_writes_an_audit_row(
-        operator_api: APIClient, fleet) -> None:
+    operator_api: APIClient, fleet
+) -> None:
     rollout_id = operator_api.post("/api/v1/rollouts/", body(fleet), format="json").json()["id"]
     Rollout.objects.filter(pk=rollout_id).update(phase=Rollout.Phase.SUCCEEDED)
     r = operator_api.post(f"/api/v1/rollouts/{rollout_id}/rollback/")
@@ -196,7 +207,11 @@ TEMPLATE = {
         {"name": "errors", "figure": "error_rate", "test": "error_rate", "floor": 0.01},
         {"name": "throughput", "figure": "client_requests_per_second", "direction": "higher", "max_ratio": 1.5},
     ],
-    "interval_seconds": 20, "count": 4, "initial_delay_seconds": 10, "failure_limit": 1, "inconclusive_limit": 2,
+    "interval_seconds": 20,
+    "count": 4,
+    "initial_delay_seconds": 10,
+    "failure_limit": 1,
+    "inconclusive_limit": 2,
     "consecutive_error_limit": 3,
 }
 

@@ -42,7 +42,10 @@ def template(name: str = "quick", **kw: Any) -> AnalysisTemplate:
             {"name": "ttft", "figure": "client_ttft_p99", "max_ratio": 1.5, "floor": 0.05, "min_samples": 5},
             {"name": "errors", "figure": "error_rate", "test": "error_rate", "floor": 0.01, "min_samples": 5},
         ],
-        "interval_seconds": 10, "count": 2, "initial_delay_seconds": 0, "window_seconds": 30,
+        "interval_seconds": 10,
+        "count": 2,
+        "initial_delay_seconds": 0,
+        "window_seconds": 30,
         **kw,
     }
     return AnalysisTemplate.objects.create(name=name, **fields)
@@ -56,19 +59,37 @@ def traffic(fleet: Fleet, *, canary_ttft: float, stable_ttft: float = 0.2, n: in
         worker = fleet.workers[role][0]
         for i in range(n):
             failed = role == "canary" and i < canary_errors
-            rows.append(RequestLog(
-                request_id=f"{role}-{now.timestamp()}-{i}", created_at=now - timedelta(seconds=i * 0.5),
-                model=fleet.table.model, cohort=role, pool=pool, worker=worker, status=500 if failed else 200,
-                ttft_seconds=None if failed else ttft, max_gap_seconds=ttft, tpot_seconds=0.01,
-                e2e_seconds=ttft + 0.1, prompt_tokens=100, output_tokens=8,
-            ))
+            rows.append(
+                RequestLog(
+                    request_id=f"{role}-{now.timestamp()}-{i}",
+                    created_at=now - timedelta(seconds=i * 0.5),
+                    model=fleet.table.model,
+                    cohort=role,
+                    pool=pool,
+                    worker=worker,
+                    status=500 if failed else 200,
+                    ttft_seconds=None if failed else ttft,
+                    max_gap_seconds=ttft,
+                    tpot_seconds=0.01,
+                    e2e_seconds=ttft + 0.1,
+                    prompt_tokens=100,
+                    output_tokens=8,
+                )
+            )
     RequestLog.objects.bulk_create(rows)
 
 
 def start(fleet: Fleet, steps: list[dict[str, Any]], **kw: Any) -> Rollout:
     kw.setdefault("gate", {"enabled": False})
-    return Rollout.start(routing_table=fleet.table, stable_pool=fleet.stable, canary_pool=fleet.canary,
-                         target_revision=fleet.target_revision, steps=steps, actor="tester", **kw)
+    return Rollout.start(
+        routing_table=fleet.table,
+        stable_pool=fleet.stable,
+        canary_pool=fleet.canary,
+        target_revision=fleet.target_revision,
+        steps=steps,
+        actor="tester",
+        **kw,
+    )
 
 
 def reload(rollout: Rollout) -> Rollout:
@@ -87,8 +108,15 @@ def settle(fleet: Fleet, rollout: Rollout, rounds: int = 6) -> Rollout:
 
 def test_a_rollout_promotes_through_its_steps_one_worker_at_a_time(clock, fleet) -> None:
     template()
-    r = start(fleet, [{"set_weight": 5000}, {"analysis": {"template": "quick"}}, {"pause": {"duration_seconds": 30}},
-                      {"set_weight": 10000}])
+    r = start(
+        fleet,
+        [
+            {"set_weight": 5000},
+            {"analysis": {"template": "quick"}},
+            {"pause": {"duration_seconds": 30}},
+            {"set_weight": 10000},
+        ],
+    )
     controller.drive(r.pk)
     r = reload(r)
     # the canary pool is pointed at the target while it carries nothing, and waited for
@@ -159,8 +187,9 @@ def test_a_regression_fails_the_analysis_and_aborts_with_its_numbers(clock, flee
     assert canary_pool.desired_revision_id == fleet.stable_revision.pk
 
 
-def test_too_few_samples_pause_for_a_person_and_promote_accepts(clock, fleet,
-                                                               django_capture_on_commit_callbacks) -> None:
+def test_too_few_samples_pause_for_a_person_and_promote_accepts(
+    clock, fleet, django_capture_on_commit_callbacks
+) -> None:
     template(inconclusive_limit=0)
     r = start(fleet, [{"set_weight": 1000}, {"analysis": {"template": "quick"}}, {"set_weight": 2000}, {"pause": {}}])
     follow(fleet)
@@ -179,8 +208,9 @@ def test_too_few_samples_pause_for_a_person_and_promote_accepts(clock, fleet,
     assert (r.phase, r.step_index) == (Phase.PAUSED, 3) and table_weights(fleet.table)["canary"] == 2000
 
 
-def test_abort_sets_canary_weight_to_zero_before_the_canary_moves(clock, fleet,
-                                                                 django_capture_on_commit_callbacks) -> None:
+def test_abort_sets_canary_weight_to_zero_before_the_canary_moves(
+    clock, fleet, django_capture_on_commit_callbacks
+) -> None:
     r = settle(fleet, start(fleet, [{"set_weight": 2500}, {"pause": {}}]))
     assert r.phase == Phase.PAUSED and table_weights(fleet.table)["canary"] == 2500, (r.message, kinds(r))
     assert r.request_abort("tester", "looks slow", source="ui")
@@ -189,8 +219,9 @@ def test_abort_sets_canary_weight_to_zero_before_the_canary_moves(clock, fleet,
     assert table_weights(fleet.table)["canary"] == 0
     events = kinds(r)
     # weight first (and acked), the canary's revision after
-    assert events.index("weights_set", events.index("aborting")) < events.index("canary_revision",
-                                                                                 events.index("aborting"))
+    assert events.index("weights_set", events.index("aborting")) < events.index(
+        "canary_revision", events.index("aborting")
+    )
     assert r.phase == Phase.ABORTING and "canary workers" in r.message
     follow(fleet)
     with django_capture_on_commit_callbacks(execute=True):

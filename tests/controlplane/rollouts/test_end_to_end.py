@@ -40,7 +40,8 @@ from controlplane.profiles.models import Profile
 from controlplane.rollouts.models import AnalysisTemplate, Rollout
 from tests.conftest import control_plane_env
 from tests.controlplane.factories import make_user
-from tests.support import PYTHON, Process, child_env, free_port, running
+from tests.stack import celery_worker_argv, enrolled_worker_argv, gateway_argv, web_argv
+from tests.support import PYTHON, Process, child_env, free_port, running, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -49,15 +50,21 @@ MAX_MODEL_LEN = 1024
 MODEL = "tiny-model"  # the served name: the checkpoint directory's
 WEB_ENV = {"HEARTBEAT_INTERVAL_SECONDS": "0.5"}
 GATEWAY_ENV = {
-    "GATEWAY_POLL_SECONDS": "0.5", "GATEWAY_HEARTBEAT_SECONDS": "0.3", "GATEWAY_LIVENESS_TTL_SECONDS": "3",
+    "GATEWAY_POLL_SECONDS": "0.5",
+    "GATEWAY_HEARTBEAT_SECONDS": "0.3",
+    "GATEWAY_LIVENESS_TTL_SECONDS": "3",
     "GATEWAY_LOG_FLUSH_SECONDS": "0.2",
 }
 PROFILES = {
     "stable": {"prefill_mode": "monolithic", "max_num_batched_tokens": MAX_MODEL_LEN},
     "chunked": {"prefill_mode": "chunked", "max_num_batched_tokens": 256, "long_prefill_token_threshold": 64},
     # one sequence at a time, 16 tokens a step: prompts take dozens of steps, requests queue behind each other
-    "regressed": {"prefill_mode": "chunked", "max_num_batched_tokens": 16, "long_prefill_token_threshold": 16,
-                  "max_num_seqs": 1},
+    "regressed": {
+        "prefill_mode": "chunked",
+        "max_num_batched_tokens": 16,
+        "long_prefill_token_threshold": 16,
+        "max_num_seqs": 1,
+    },
     "chunked-128": {"prefill_mode": "chunked", "max_num_batched_tokens": 512, "long_prefill_token_threshold": 128},
 }
 
@@ -75,46 +82,43 @@ class Stack:
         return f"{describe(self.last) if self.last else ''}\n{procs}"
 
 
-def wait_for(predicate: Any, timeout: float, what: str, stack: Stack | None = None, interval: float = 0.25) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not met after {timeout}s\n{stack.logs() if stack else ''}")
-        time.sleep(interval)
-
-
 @contextlib.contextmanager
 def stack_up(tmp: Path, tiny_model: Path) -> Iterator[Stack]:
     from django.conf import settings
 
     s = Stack(tmp)
     with contextlib.ExitStack() as stack:
+
         def start(name: str, argv: list[str], env: dict[str, str]) -> Process:
             s.procs[name] = stack.enter_context(running(argv, env=env, log_path=tmp / f"{name}.log"))
             return s.procs[name]
 
         web_port, gw_port = free_port(), free_port()
         s.web, s.gateway = f"http://127.0.0.1:{web_port}", f"http://127.0.0.1:{gw_port}"
-        web = start("web", [PYTHON, "-m", "uvicorn", "controlplane.asgi:application", "--port", str(web_port),
-                            "--log-level", "warning"], control_plane_env(**WEB_ENV))
-        celery = start("celery", [PYTHON, "-m", "celery", "-A", "controlplane", "worker", "--pool", "solo",
-                                  "--loglevel", "INFO", "--without-gossip", "--without-mingle",
-                                  "-Q", settings.CELERY_TASK_DEFAULT_QUEUE, "-n", f"e2e-{gw_port}@%h"],
-                       control_plane_env(ROLLOUT_ACK_WAIT_SECONDS="2"))
-        gateway = start("gateway", [PYTHON, "manage.py", "rungateway", "--port", str(gw_port), "--log-level",
-                                    "warning"], control_plane_env(**GATEWAY_ENV))
+        web = start(
+            "web",
+            web_argv(web_port),
+            control_plane_env(**WEB_ENV),
+        )
+        celery = start(
+            "celery",
+            celery_worker_argv(settings.CELERY_TASK_DEFAULT_QUEUE, f"e2e-{gw_port}@%h"),
+            control_plane_env(ROLLOUT_ACK_WAIT_SECONDS="2"),
+        )
+        gateway = start(
+            "gateway",
+            gateway_argv(gw_port),
+            control_plane_env(**GATEWAY_ENV),
+        )
         for role, pool in (("stable", "e2e-stable"), ("stable", "e2e-stable"), ("canary", "e2e-canary")):
             _, token = EnrollmentToken.issue(f"e2e {role}", pool=Pool.objects.get(name=pool), max_uses=1)
             port = free_port()
             name = f"{pool}-{port}"
-            start(name, [PYTHON, "-m", "workers", "serve", "--model", str(tiny_model), "--port", str(port),
-                         "--max-model-len", str(MAX_MODEL_LEN), "--device", "cpu", "--log-level", "warning",
-                         "--control-plane", s.web, "--enroll-token", token, "--name", name,
-                         "--advertise-url", f"http://127.0.0.1:{port}",
-                         "--state-file", str(tmp / f"{name}.state")], child_env())
+            start(
+                name,
+                enrolled_worker_argv(tiny_model, port, MAX_MODEL_LEN, s.web, token, name, tmp / f"{name}.state"),
+                child_env(),
+            )
         web.wait_http(f"{s.web}/login/", timeout=90)
         gateway.wait_http(f"{s.gateway}/health", timeout=90)
         celery.wait_for_output("ready.", timeout=90)
@@ -147,9 +151,29 @@ class Traffic:
         seed = loop * 1000
         while not self._stop.is_set():
             seed += 1
-            argv = [PYTHON, "-m", "workers", "loadgen", "--url", self.url, "--api-key", self.key,
-                    "--scenario", "burst", "--rate", "1.5", "--burst-period", "2", "--duration", "16",
-                    "--sticky-keys", "200", "--seed", str(seed), "--json"]
+            argv = [
+                PYTHON,
+                "-m",
+                "workers",
+                "loadgen",
+                "--url",
+                self.url,
+                "--api-key",
+                self.key,
+                "--scenario",
+                "burst",
+                "--rate",
+                "1.5",
+                "--burst-period",
+                "2",
+                "--duration",
+                "16",
+                "--sticky-keys",
+                "200",
+                "--seed",
+                str(seed),
+                "--json",
+            ]
             done = subprocess.run(argv, capture_output=True, text=True, env=child_env(), timeout=600)
             try:
                 summary = json.loads(done.stdout)["summary"]
@@ -164,8 +188,9 @@ class Traffic:
 
 
 def api(stack: Stack, token: str, method: str, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
-    return stack.api.request(method, f"{stack.web}/api/v1{path}", json=body,
-                             headers={"Authorization": f"Token {token}"})
+    return stack.api.request(
+        method, f"{stack.web}/api/v1{path}", json=body, headers={"Authorization": f"Token {token}"}
+    )
 
 
 def rollout_state(stack: Stack, token: str, rollout_id: int) -> dict[str, Any]:
@@ -196,86 +221,149 @@ def test_rollouts_promote_abort_on_regression_and_abort_by_hand_with_no_failed_r
         pools[role].set_desired_revision(revisions["stable"])
     # Passes unless the canary is absurdly worse; rounds with too few finished
     # requests (a loaded machine finishes few) count, rather than pause.
-    AnalysisTemplate.objects.create(name="lenient", interval_seconds=4, count=2, initial_delay_seconds=4,
-                                    window_seconds=10, inconclusive_limit=2, metrics=[
-                                        {"name": "ttft", "figure": "client_ttft_p99", "max_ratio": 20, "floor": 5,
-                                         "min_samples": 2},
-                                        {"name": "errors", "figure": "error_rate", "test": "error_rate",
-                                         "floor": 0.01, "min_samples": 2}])
+    AnalysisTemplate.objects.create(
+        name="lenient",
+        interval_seconds=4,
+        count=2,
+        initial_delay_seconds=4,
+        window_seconds=10,
+        inconclusive_limit=2,
+        metrics=[
+            {"name": "ttft", "figure": "client_ttft_p99", "max_ratio": 20, "floor": 5, "min_samples": 2},
+            {"name": "errors", "figure": "error_rate", "test": "error_rate", "floor": 0.01, "min_samples": 2},
+        ],
+    )
     # Fails at the first failed measurement; tolerates a few rounds with too
     # few finished canary requests (a slow canary finishes few).
-    AnalysisTemplate.objects.create(name="strict", interval_seconds=4, count=6, initial_delay_seconds=5,
-                                    window_seconds=12, inconclusive_limit=4, metrics=[
-                                        {"name": "ttft", "figure": "client_ttft_p99", "max_ratio": 1.5,
-                                         "floor": 0.1, "min_samples": 2}])
+    AnalysisTemplate.objects.create(
+        name="strict",
+        interval_seconds=4,
+        count=6,
+        initial_delay_seconds=5,
+        window_seconds=12,
+        inconclusive_limit=4,
+        metrics=[{"name": "ttft", "figure": "client_ttft_p99", "max_ratio": 1.5, "floor": 0.1, "min_samples": 2}],
+    )
     key = ClientKey.issue("loadgen")[1]
     token = Token.objects.create(user=make_user(Role.OPERATOR)).key
 
     with stack_up(tmp_path, tiny_model) as stack:
-        wait_for(lambda: Worker.objects.filter(state=Worker.State.READY,
-                                               running_revision=revisions["stable"]).count() == 3,
-                 timeout=240, what="three workers ready on the stable revision", stack=stack)
+        wait_until(
+            lambda: Worker.objects.filter(state=Worker.State.READY, running_revision=revisions["stable"]).count() == 3,
+            timeout=240,
+            what="three workers ready on the stable revision",
+            detail=stack.logs,
+        )
         table = RoutingTable.create_audited(MODEL, actor="test")
-        table.configure([PoolSpec(pools["stable"], "stable", 10000), PoolSpec(pools["canary"], "canary", 0)],
-                        actor="test")
+        table.configure(
+            [PoolSpec(pools["stable"], "stable", 10000), PoolSpec(pools["canary"], "canary", 0)], actor="test"
+        )
         started = time.time()
         with Traffic(stack.gateway, key, tmp_path) as traffic:
             # 1. monolithic → chunked: gate, analysis, promotion one worker at a time
-            reply = api(stack, token, "POST", "/rollouts/", {
-                "model": MODEL, "stable_pool": "e2e-stable", "canary_pool": "e2e-canary",
-                "target_revision": revisions["chunked"].pk, "progress_deadline_seconds": 300,
-                "steps": [{"set_weight": 5000}, {"analysis": {"template": "lenient"}}, {"set_weight": 10000}],
-            })
+            reply = api(
+                stack,
+                token,
+                "POST",
+                "/rollouts/",
+                {
+                    "model": MODEL,
+                    "stable_pool": "e2e-stable",
+                    "canary_pool": "e2e-canary",
+                    "target_revision": revisions["chunked"].pk,
+                    "progress_deadline_seconds": 300,
+                    "steps": [{"set_weight": 5000}, {"analysis": {"template": "lenient"}}, {"set_weight": 10000}],
+                },
+            )
             assert reply.status_code == 201, reply.text
-            first = wait_for(lambda: finished(stack, token, reply.json()["id"]), timeout=400,
-                             what="the chunked rollout to finish", stack=stack)
+            first = wait_until(
+                lambda: finished(stack, token, reply.json()["id"]),
+                timeout=400,
+                what="the chunked rollout to finish",
+                detail=stack.logs,
+            )
             assert first["phase"] == "succeeded", describe(first)
             assert first["gate_status"] == "passed", first["gate_result"]
             assert first["analysis_runs"][0]["phase"] == "successful"
             kinds = [e["kind"] for e in first["timeline"]]
             assert kinds.count("worker_moved") == 2 and "pool_finalized" in kinds
             assert set(Worker.objects.filter(pool=pools["stable"]).values_list("running_revision", flat=True)) == {
-                revisions["chunked"].pk}
+                revisions["chunked"].pk
+            }
 
             # 2. a regressed profile: the analysis fails, the rollout aborts by itself
-            reply = api(stack, token, "POST", "/rollouts/", {
-                "model": MODEL, "stable_pool": "e2e-stable", "canary_pool": "e2e-canary",
-                "target_revision": revisions["regressed"].pk, "progress_deadline_seconds": 300,
-                "steps": [{"set_weight": 5000}, {"analysis": {"template": "strict"}}, {"set_weight": 10000}],
-            })
+            reply = api(
+                stack,
+                token,
+                "POST",
+                "/rollouts/",
+                {
+                    "model": MODEL,
+                    "stable_pool": "e2e-stable",
+                    "canary_pool": "e2e-canary",
+                    "target_revision": revisions["regressed"].pk,
+                    "progress_deadline_seconds": 300,
+                    "steps": [{"set_weight": 5000}, {"analysis": {"template": "strict"}}, {"set_weight": 10000}],
+                },
+            )
             assert reply.status_code == 201, reply.text
-            second = wait_for(lambda: finished(stack, token, reply.json()["id"]), timeout=400,
-                              what="the regressed rollout to finish", stack=stack)
+            second = wait_until(
+                lambda: finished(stack, token, reply.json()["id"]),
+                timeout=400,
+                what="the regressed rollout to finish",
+                detail=stack.logs,
+            )
             assert second["phase"] == "aborted", describe(second)
             assert "failed" in second["abort_reason"] and "ttft" in second["abort_reason"], second["abort_reason"]
-            failed = [v for m in second["analysis_runs"][0]["measurements"] for v in m["verdicts"]
-                      if v["phase"] == "failed"]
+            failed = [
+                v for m in second["analysis_runs"][0]["measurements"] for v in m["verdicts"] if v["phase"] == "failed"
+            ]
             assert failed and failed[0]["canary"] > failed[0]["baseline"]
-            print(f"e2e: the regression's failed verdict: {failed[0]['reason']} "
-                  f"(canary {failed[0]['canary']:.3f} s, baseline {failed[0]['baseline']:.3f} s)")
+            print(
+                f"e2e: the regression's failed verdict: {failed[0]['reason']} "
+                f"(canary {failed[0]['canary']:.3f} s, baseline {failed[0]['baseline']:.3f} s)"
+            )
             assert second["weights"]["canary"] == 0
 
             # 3. a fine profile, paused at 25%: aborted by an operator
-            reply = api(stack, token, "POST", "/rollouts/", {
-                "model": MODEL, "stable_pool": "e2e-stable", "canary_pool": "e2e-canary",
-                "target_revision": revisions["chunked-128"].pk, "progress_deadline_seconds": 300,
-                "steps": [{"set_weight": 2500}, {"pause": {}}],
-            })
+            reply = api(
+                stack,
+                token,
+                "POST",
+                "/rollouts/",
+                {
+                    "model": MODEL,
+                    "stable_pool": "e2e-stable",
+                    "canary_pool": "e2e-canary",
+                    "target_revision": revisions["chunked-128"].pk,
+                    "progress_deadline_seconds": 300,
+                    "steps": [{"set_weight": 2500}, {"pause": {}}],
+                },
+            )
             assert reply.status_code == 201, reply.text
             third_id = reply.json()["id"]
-            wait_for(lambda: rollout_state(stack, token, third_id)["phase"] == "paused", timeout=300,
-                     what="the third rollout to pause at 25%", stack=stack)
+            wait_until(
+                lambda: rollout_state(stack, token, third_id)["phase"] == "paused",
+                timeout=300,
+                what="the third rollout to pause at 25%",
+                detail=stack.logs,
+            )
             time.sleep(3)  # traffic on the canary
             assert api(stack, token, "POST", f"/rollouts/{third_id}/abort/", {"reason": "by hand"}).status_code == 200
-            third = wait_for(lambda: finished(stack, token, third_id), timeout=300,
-                             what="the manual abort to finish", stack=stack)
+            third = wait_until(
+                lambda: finished(stack, token, third_id),
+                timeout=300,
+                what="the manual abort to finish",
+                detail=stack.logs,
+            )
             assert third["phase"] == "aborted" and "by hand" in third["abort_reason"], describe(third)
             time.sleep(2)
         # every worker is back where it belongs, and no client request failed
         assert not traffic.failures, traffic.failures
         assert traffic.num_requests >= 50, traffic.summaries
         assert sum(s["failed_requests"] for s in traffic.summaries) == 0, [
-            (s["failed_requests"], s["failed_by_status"]) for s in traffic.summaries]
+            (s["failed_requests"], s["failed_by_status"]) for s in traffic.summaries
+        ]
         time.sleep(1)
         logged = RequestLog.objects.filter(created_at__gte=Rollout.objects.order_by("created").first().created)
         bad = [(r.status, r.error, r.cohort) for r in logged if is_failed(r.status, r.error) or r.status >= 400]

@@ -47,8 +47,9 @@ def now() -> datetime:
     return datetime.now(UTC)
 
 
-def worker(wid: int, running: int | None, *, override: int | None = None, ready: bool = True,
-           live: bool = True) -> WorkerView:
+def worker(
+    wid: int, running: int | None, *, override: int | None = None, ready: bool = True, live: bool = True
+) -> WorkerView:
     return WorkerView(wid, f"w{wid}", override, running, ready, live)
 
 
@@ -62,9 +63,17 @@ STABLE_POOL = pool(STABLE, worker(1, STABLE), worker(2, STABLE), worker(3, STABL
 
 def state(**kw: object) -> RolloutState:
     base = RolloutState(
-        phase=Phase.PROGRESSING, steps=PLAN, step_index=0, step_started_at=T0, pause_conditions=(),
-        flags=Flags(), stable_revision=STABLE, target_revision=TARGET, gate=GateStatus.PASSED,
-        progress_at=T0, progress_deadline_seconds=300,
+        phase=Phase.PROGRESSING,
+        steps=PLAN,
+        step_index=0,
+        step_started_at=T0,
+        pause_conditions=(),
+        flags=Flags(),
+        stable_revision=STABLE,
+        target_revision=TARGET,
+        gate=GateStatus.PASSED,
+        progress_at=T0,
+        progress_deadline_seconds=300,
     )
     return replace(base, **kw)  # type: ignore[arg-type]
 
@@ -81,23 +90,48 @@ def world(**kw: object) -> World:
     ("s", "w", "action", "wait", "phase"),
     [
         # a new rollout points the canary pool at the target first
-        (state(phase=Phase.PENDING, gate=GateStatus.PENDING), world(canary=pool(STABLE, worker(10, STABLE))),
-         Action(Act.SET_CANARY_REVISION, revision=TARGET), None, Phase.PROGRESSING),
+        (
+            state(phase=Phase.PENDING, gate=GateStatus.PENDING),
+            world(canary=pool(STABLE, worker(10, STABLE))),
+            Action(Act.SET_CANARY_REVISION, revision=TARGET),
+            None,
+            Phase.PROGRESSING,
+        ),
         # a per-worker override in the canary pool is cleared the same way
-        (state(), world(canary=pool(TARGET, worker(10, STABLE, override=STABLE))),
-         Action(Act.SET_CANARY_REVISION, revision=TARGET), None, Phase.PROGRESSING),
+        (
+            state(),
+            world(canary=pool(TARGET, worker(10, STABLE, override=STABLE))),
+            Action(Act.SET_CANARY_REVISION, revision=TARGET),
+            None,
+            Phase.PROGRESSING,
+        ),
         # then waits until every live canary worker reports ready on it
-        (state(), world(canary=pool(TARGET, worker(10, TARGET), worker(11, STABLE, ready=False))),
-         None, Wait.CANARY, Phase.PROGRESSING),
+        (
+            state(),
+            world(canary=pool(TARGET, worker(10, TARGET), worker(11, STABLE, ready=False))),
+            None,
+            Wait.CANARY,
+            Phase.PROGRESSING,
+        ),
         # a lost worker is not waited for
-        (state(), world(canary=pool(TARGET, worker(10, TARGET), worker(11, STABLE, live=False))),
-         Action(Act.SET_WEIGHTS, weights={"canary": 1000, "stable": 9000}), None, Phase.PROGRESSING),
+        (
+            state(),
+            world(canary=pool(TARGET, worker(10, TARGET), worker(11, STABLE, live=False))),
+            Action(Act.SET_WEIGHTS, weights={"canary": 1000, "stable": 9000}),
+            None,
+            Phase.PROGRESSING,
+        ),
         # no live canary worker at all: nothing can take the traffic
         (state(), world(canary=pool(TARGET, worker(10, TARGET, live=False))), None, Wait.CANARY, Phase.PROGRESSING),
         # a chunked target replays the gate before any traffic
         (state(gate=GateStatus.PENDING), world(), Action(Act.RUN_GATE), None, Phase.PROGRESSING),
-        (state(gate=GateStatus.SKIPPED), world(), Action(Act.SET_WEIGHTS, weights={"canary": 1000, "stable": 9000}),
-         None, Phase.PROGRESSING),
+        (
+            state(gate=GateStatus.SKIPPED),
+            world(),
+            Action(Act.SET_WEIGHTS, weights={"canary": 1000, "stable": 9000}),
+            None,
+            Phase.PROGRESSING,
+        ),
     ],
 )
 def test_the_canary_is_ready_and_gated_before_it_takes_traffic(clock, s, w, action, wait, phase) -> None:
@@ -212,13 +246,28 @@ def run(phase: AnalysisPhase, due: datetime | None = None, message: str = "") ->
     [
         (None, Action(Act.START_ANALYSIS, template="default"), None, Phase.PROGRESSING, 1),
         (run(AnalysisPhase.PENDING, T0), Action(Act.MEASURE), None, Phase.PROGRESSING, 1),
-        (run(AnalysisPhase.RUNNING, datetime(2026, 3, 1, 12, 0, 20, tzinfo=UTC)), None, Wait.MEASUREMENT,
-         Phase.PROGRESSING, 1),
+        (
+            run(AnalysisPhase.RUNNING, datetime(2026, 3, 1, 12, 0, 20, tzinfo=UTC)),
+            None,
+            Wait.MEASUREMENT,
+            Phase.PROGRESSING,
+            1,
+        ),
         (run(AnalysisPhase.SUCCESSFUL), None, None, Phase.PROGRESSING, 2),
-        (run(AnalysisPhase.FAILED, message="ttft: 1 failed"), Action(
-            Act.SET_WEIGHTS, weights={"canary": 0, "stable": 10000}, require_ready=False), None, Phase.ABORTING, 1),
-        (run(AnalysisPhase.ERROR), Action(
-            Act.SET_WEIGHTS, weights={"canary": 0, "stable": 10000}, require_ready=False), None, Phase.ABORTING, 1),
+        (
+            run(AnalysisPhase.FAILED, message="ttft: 1 failed"),
+            Action(Act.SET_WEIGHTS, weights={"canary": 0, "stable": 10000}, require_ready=False),
+            None,
+            Phase.ABORTING,
+            1,
+        ),
+        (
+            run(AnalysisPhase.ERROR),
+            Action(Act.SET_WEIGHTS, weights={"canary": 0, "stable": 10000}, require_ready=False),
+            None,
+            Phase.ABORTING,
+            1,
+        ),
         # inconclusive pauses for a person, it never aborts
         (run(AnalysisPhase.INCONCLUSIVE), None, Wait.PERSON, Phase.PAUSED, 1),
     ],
@@ -263,8 +312,12 @@ def test_skip_step_abandons_a_running_analysis(clock) -> None:
     [
         state(phase=Phase.PENDING, flags=Flags(abort=True)),
         state(step_index=0, flags=Flags(abort=True, promote=True)),
-        state(phase=Phase.PAUSED, step_index=4, flags=Flags(abort=True),
-              pause_conditions=(PauseCondition(PauseReason.PAUSE_STEP, T0),)),
+        state(
+            phase=Phase.PAUSED,
+            step_index=4,
+            flags=Flags(abort=True),
+            pause_conditions=(PauseCondition(PauseReason.PAUSE_STEP, T0),),
+        ),
         state(phase=Phase.PROMOTING, step_index=6, flags=Flags(abort=True)),
     ],
 )
@@ -291,13 +344,23 @@ def test_abort_wins_over_a_weight_step_still_waiting_for_acks(clock) -> None:
         # then the canary pool goes back to the stable revision
         (world(canary=CANARY_READY), Action(Act.SET_CANARY_REVISION, revision=STABLE), None, Phase.ABORTING),
         # and the abort waits for the canary workers to drain and switch
-        (world(canary=pool(STABLE, worker(10, TARGET, ready=False), worker(11, STABLE))), None, Wait.CANARY_BACK,
-         Phase.ABORTING),
+        (
+            world(canary=pool(STABLE, worker(10, TARGET, ready=False), worker(11, STABLE))),
+            None,
+            Wait.CANARY_BACK,
+            Phase.ABORTING,
+        ),
         (world(canary=pool(STABLE, worker(10, STABLE), worker(11, STABLE))), None, None, Phase.ABORTED),
         # a stable pool caught mid-promotion goes back one worker at a time
-        (world(canary=pool(STABLE, worker(10, STABLE)),
-               stable=pool(STABLE, worker(1, TARGET, override=TARGET), worker(2, STABLE))),
-         Action(Act.MOVE_WORKER, worker_id=1, revision=STABLE), None, Phase.ABORTING),
+        (
+            world(
+                canary=pool(STABLE, worker(10, STABLE)),
+                stable=pool(STABLE, worker(1, TARGET, override=TARGET), worker(2, STABLE)),
+            ),
+            Action(Act.MOVE_WORKER, worker_id=1, revision=STABLE),
+            None,
+            Phase.ABORTING,
+        ),
     ],
 )
 def test_an_abort_returns_the_canary_after_the_gateways_ack(clock, w, action, wait, phase) -> None:
@@ -338,23 +401,51 @@ CARRY = {"canary": 10000, "stable": 0}
     ("w", "action", "wait", "phase"),
     [
         # all traffic to the canary first, acked
-        (world(weights={"canary": 5000, "stable": 5000}), Action(Act.SET_WEIGHTS, weights=CARRY), None,
-         Phase.PROMOTING),
+        (
+            world(weights={"canary": 5000, "stable": 5000}),
+            Action(Act.SET_WEIGHTS, weights=CARRY),
+            None,
+            Phase.PROMOTING,
+        ),
         (world(weights=CARRY, acked=False), None, Wait.ACKS, Phase.PROMOTING),
         # then the stable pool moves one worker at a time, by name
         (world(weights=CARRY), Action(Act.MOVE_WORKER, worker_id=1, revision=TARGET), None, Phase.PROMOTING),
-        (world(weights=CARRY, stable=pool(STABLE, worker(1, STABLE, override=TARGET, ready=False), worker(2, STABLE))),
-         None, Wait.STABLE_WORKER, Phase.PROMOTING),
-        (world(weights=CARRY, stable=pool(STABLE, worker(1, TARGET, override=TARGET), worker(2, STABLE))),
-         Action(Act.MOVE_WORKER, worker_id=2, revision=TARGET), None, Phase.PROMOTING),
-        (world(weights=CARRY, stable=pool(STABLE, worker(1, TARGET, override=TARGET),
-                                          worker(2, TARGET, override=TARGET))),
-         Action(Act.FINALIZE_POOL, revision=TARGET), None, Phase.PROMOTING),
+        (
+            world(
+                weights=CARRY, stable=pool(STABLE, worker(1, STABLE, override=TARGET, ready=False), worker(2, STABLE))
+            ),
+            None,
+            Wait.STABLE_WORKER,
+            Phase.PROMOTING,
+        ),
+        (
+            world(weights=CARRY, stable=pool(STABLE, worker(1, TARGET, override=TARGET), worker(2, STABLE))),
+            Action(Act.MOVE_WORKER, worker_id=2, revision=TARGET),
+            None,
+            Phase.PROMOTING,
+        ),
+        (
+            world(
+                weights=CARRY,
+                stable=pool(STABLE, worker(1, TARGET, override=TARGET), worker(2, TARGET, override=TARGET)),
+            ),
+            Action(Act.FINALIZE_POOL, revision=TARGET),
+            None,
+            Phase.PROMOTING,
+        ),
         # then the weights return to the stable pool
-        (world(weights=CARRY, stable=pool(TARGET, worker(1, TARGET), worker(2, TARGET))),
-         Action(Act.SET_WEIGHTS, weights={"canary": 0, "stable": 10000}), None, Phase.PROMOTING),
-        (world(acked=False, stable=pool(TARGET, worker(1, TARGET), worker(2, TARGET))), None, Wait.ACKS,
-         Phase.PROMOTING),
+        (
+            world(weights=CARRY, stable=pool(TARGET, worker(1, TARGET), worker(2, TARGET))),
+            Action(Act.SET_WEIGHTS, weights={"canary": 0, "stable": 10000}),
+            None,
+            Phase.PROMOTING,
+        ),
+        (
+            world(acked=False, stable=pool(TARGET, worker(1, TARGET), worker(2, TARGET))),
+            None,
+            Wait.ACKS,
+            Phase.PROMOTING,
+        ),
         (world(stable=pool(TARGET, worker(1, TARGET), worker(2, TARGET))), None, None, Phase.SUCCEEDED),
     ],
 )
@@ -409,5 +500,12 @@ def test_pool_moves_go_one_worker_at_a_time(p, kind, worker_id) -> None:
 
 
 def test_the_default_plan_is_ten_twenty_five_fifty_hundred_with_analysis_between() -> None:
-    assert default_plan() == [SetWeight(1000), Analysis("default"), SetWeight(2500), Analysis("default"),
-                              SetWeight(5000), Analysis("default"), SetWeight(10000)]
+    assert default_plan() == [
+        SetWeight(1000),
+        Analysis("default"),
+        SetWeight(2500),
+        Analysis("default"),
+        SetWeight(5000),
+        Analysis("default"),
+        SetWeight(10000),
+    ]

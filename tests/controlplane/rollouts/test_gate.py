@@ -27,8 +27,24 @@ MONOLITHIC = {"prefill_mode": "monolithic", "max_num_batched_tokens": 512}
 @contextlib.contextmanager
 def reference_worker(model: Path, profile: dict[str, Any], log: Path) -> Iterator[str]:
     port = free_port()
-    argv = [PYTHON, "-m", "workers", "serve", "--model", str(model), "--port", str(port), "--max-model-len", "512",
-            "--profile", json.dumps(profile), "--device", "cpu", "--log-level", "warning"]
+    argv = [
+        PYTHON,
+        "-m",
+        "workers",
+        "serve",
+        "--model",
+        str(model),
+        "--port",
+        str(port),
+        "--max-model-len",
+        "512",
+        "--profile",
+        json.dumps(profile),
+        "--device",
+        "cpu",
+        "--log-level",
+        "warning",
+    ]
     with running(argv, env=child_env(), log_path=log) as proc:
         url = f"http://127.0.0.1:{port}"
         proc.wait_http(f"{url}/health", timeout=120)
@@ -37,8 +53,10 @@ def reference_worker(model: Path, profile: dict[str, Any], log: Path) -> Iterato
 
 @pytest.mark.slow
 def test_chunked_and_monolithic_workers_agree_token_for_token(tiny_model: Path, tmp_path: Path) -> None:
-    with reference_worker(tiny_model, CHUNKED, tmp_path / "canary.log") as canary, \
-            reference_worker(tiny_model, MONOLITHIC, tmp_path / "stable.log") as stable:
+    with (
+        reference_worker(tiny_model, CHUNKED, tmp_path / "canary.log") as canary,
+        reference_worker(tiny_model, MONOLITHIC, tmp_path / "stable.log") as stable,
+    ):
         prompts = gate.default_prompts(chunk_cap=64, max_model_len=512, max_tokens=8)
         outcome = gate.run(canary, stable, prompts, max_tokens=8, chunk_cap=64)
     assert outcome.passed, outcome.message
@@ -53,14 +71,19 @@ class _Stub(BaseHTTPRequestHandler):
 
     flip_at: int | None = None
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+    def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["content-length"])))
         prompt = body["prompt"]
         out = [(t * 7 + i) % 1000 for i, t in enumerate(prompt[: body["max_tokens"]])]
         if self.flip_at is not None:
             out[self.flip_at] += 1
-        reply = json.dumps({"choices": [{"index": 0, "text": "x", "prompt_token_ids": prompt, "token_ids": out,
-                                         "finish_reason": "length"}]}).encode()
+        reply = json.dumps(
+            {
+                "choices": [
+                    {"index": 0, "text": "x", "prompt_token_ids": prompt, "token_ids": out, "finish_reason": "length"}
+                ]
+            }
+        ).encode()
         self.send_response(200)
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(reply)))
@@ -87,9 +110,15 @@ def stub(flip_at: int | None) -> Iterator[str]:
 def test_a_mismatch_aborts_the_rollout_and_shows_the_first_differing_position() -> None:
     with stub(flip_at=3) as canary_url, stub(flip_at=None) as stable_url:
         fleet = make_fleet(urls={"stable": [stable_url], "canary": [canary_url]}, num_stable=1)
-        r = Rollout.start(routing_table=fleet.table, stable_pool=fleet.stable, canary_pool=fleet.canary,
-                          target_revision=fleet.target_revision, steps=[{"set_weight": 1000}], actor="tester",
-                          gate={"max_tokens": 6})
+        r = Rollout.start(
+            routing_table=fleet.table,
+            stable_pool=fleet.stable,
+            canary_pool=fleet.canary,
+            target_revision=fleet.target_revision,
+            steps=[{"set_weight": 1000}],
+            actor="tester",
+            gate={"max_tokens": 6},
+        )
         assert r.gate_status == GateStatus.PENDING  # the target is chunked
         controller.drive(r.pk)
         follow(fleet)
@@ -112,8 +141,14 @@ def test_a_mismatch_aborts_the_rollout_and_shows_the_first_differing_position() 
 @pytest.mark.django_db
 def test_a_gate_that_cannot_reach_a_worker_retries_and_does_not_fail() -> None:
     fleet = make_fleet(urls={"stable": ["http://127.0.0.1:1"], "canary": ["http://127.0.0.1:1"]}, num_stable=1)
-    r = Rollout.start(routing_table=fleet.table, stable_pool=fleet.stable, canary_pool=fleet.canary,
-                      target_revision=fleet.target_revision, steps=[{"set_weight": 1000}], actor="tester")
+    r = Rollout.start(
+        routing_table=fleet.table,
+        stable_pool=fleet.stable,
+        canary_pool=fleet.canary,
+        target_revision=fleet.target_revision,
+        steps=[{"set_weight": 1000}],
+        actor="tester",
+    )
     controller.drive(r.pk)
     follow(fleet)
     controller.drive(r.pk)
@@ -133,10 +168,13 @@ def test_a_gate_that_cannot_reach_a_worker_retries_and_does_not_fail() -> None:
         ({"chunk_cap": 64, "short_prompt_threshold": 200}, 210, 12, 0),  # all that fits is prefilled whole
     ],
 )
-def test_the_boundaries_a_gate_must_cross_are_capped_by_the_context(profile, max_model_len, max_tokens,
-                                                                    expected) -> None:
-    assert gate.required_boundaries(profile["chunk_cap"], max_model_len, max_tokens,
-                                    profile.get("short_prompt_threshold")) == expected
+def test_the_boundaries_a_gate_must_cross_are_capped_by_the_context(
+    profile, max_model_len, max_tokens, expected
+) -> None:
+    assert (
+        gate.required_boundaries(profile["chunk_cap"], max_model_len, max_tokens, profile.get("short_prompt_threshold"))
+        == expected
+    )
 
 
 def test_default_prompts_cross_enough_boundaries_even_past_a_short_prompt_threshold() -> None:
@@ -149,9 +187,15 @@ def test_default_prompts_cross_enough_boundaries_even_past_a_short_prompt_thresh
 
 
 def _start(fleet: Any, **gate_settings: Any) -> Rollout:
-    return Rollout.start(routing_table=fleet.table, stable_pool=fleet.stable, canary_pool=fleet.canary,
-                         target_revision=fleet.target_revision, steps=[{"set_weight": 1000}], actor="tester",
-                         gate=gate_settings)
+    return Rollout.start(
+        routing_table=fleet.table,
+        stable_pool=fleet.stable,
+        canary_pool=fleet.canary,
+        target_revision=fleet.target_revision,
+        steps=[{"set_weight": 1000}],
+        actor="tester",
+        gate=gate_settings,
+    )
 
 
 @pytest.mark.django_db

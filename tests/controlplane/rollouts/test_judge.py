@@ -25,8 +25,9 @@ from controlplane.rollouts.judge import (
 )
 
 TTFT = MetricRule("ttft", "client_ttft_p99", Direction.LOWER, Check.RATIO, max_ratio=1.2, floor=0.05, min_samples=20)
-THROUGHPUT = MetricRule("tput", "client_requests_per_second", Direction.HIGHER, Check.RATIO, max_ratio=1.25,
-                        floor=0.5, min_samples=20)
+THROUGHPUT = MetricRule(
+    "tput", "client_requests_per_second", Direction.HIGHER, Check.RATIO, max_ratio=1.25, floor=0.5, min_samples=20
+)
 ERRORS = MetricRule("errors", "error_rate", Direction.LOWER, Check.ERROR_RATE, floor=0.01, min_samples=20)
 
 
@@ -83,8 +84,14 @@ def test_an_infinite_ratio_is_stored_as_null_with_its_reason() -> None:
     assert data["ratio"] is None and "inf" in data["reason"]
 
 
-SPEC = RunSpec(metrics=(TTFT, ERRORS), interval_seconds=10, count=3, failure_limit=0, inconclusive_limit=1,
-               consecutive_error_limit=2)
+SPEC = RunSpec(
+    metrics=(TTFT, ERRORS),
+    interval_seconds=10,
+    count=3,
+    failure_limit=0,
+    inconclusive_limit=1,
+    consecutive_error_limit=2,
+)
 
 
 @pytest.mark.parametrize(
@@ -152,3 +159,22 @@ def test_specs_and_counters_survive_json() -> None:
     assert RunSpec.from_json(SPEC.to_json()) == SPEC
     result = MetricResult(count=2, successful=1, failed=1, error=1, consecutive_error=1)
     assert MetricResult.from_json(result.to_json()) == result
+
+
+HANGING = MetricRule("hanging", "timed_out_streams", Direction.LOWER, Check.HANGING, floor=0.0, min_samples=20)
+
+
+@pytest.mark.parametrize(
+    "sample, phase, words",
+    [
+        # One hung canary stream fails at once, however few requests finished.
+        (Sample(1.0, 0.0, 0, 0), P.FAILED, "1 canary streams hung"),
+        (Sample(3.0, 5.0, 500, 500), P.FAILED, "3 canary streams hung"),
+        (Sample(0.0, 2.0, 3, 500), P.SUCCESSFUL, "0 canary streams hung"),
+        (Sample(None, None, 0, 0), P.SUCCESSFUL, "0 canary streams hung"),
+        (Sample(None, None, 0, 0, error="redis away"), P.ERROR, "redis away"),
+    ],
+)
+def test_hung_canary_streams_fail_without_a_minimum_sample(sample: Sample, phase: P, words: str) -> None:
+    verdict = judge(HANGING, sample)
+    assert verdict.phase is phase and words in verdict.reason

@@ -22,7 +22,9 @@ SPEC = RunSpec(
         MetricRule("ttft", "client_ttft_p99", min_samples=1),
         MetricRule("throughput", "client_requests_per_second", Direction.HIGHER, max_ratio=2.0, min_samples=1),
     ),
-    interval_seconds=60, count=1, window_seconds=60,
+    interval_seconds=60,
+    count=1,
+    window_seconds=60,
 )
 
 
@@ -30,19 +32,38 @@ def requests(fleet: Fleet, role: str, n: int, *, ttft: float, start: float, ever
     """``n`` logged requests of one pool, ``start`` seconds ago then one each ``every`` seconds."""
     now = timezone.now()
     pool = {"canary": fleet.canary, "stable": fleet.stable}[role]
-    RequestLog.objects.bulk_create([
-        RequestLog(request_id=f"{role}-{start}-{i}", created_at=now - timedelta(seconds=start - i * every),
-                   model=fleet.table.model, cohort=role, pool=pool, worker=fleet.workers[role][0], status=200,
-                   ttft_seconds=ttft, max_gap_seconds=ttft, tpot_seconds=0.01, e2e_seconds=ttft + 0.1,
-                   prompt_tokens=100, output_tokens=8)
-        for i in range(n)
-    ])
+    RequestLog.objects.bulk_create(
+        [
+            RequestLog(
+                request_id=f"{role}-{start}-{i}",
+                created_at=now - timedelta(seconds=start - i * every),
+                model=fleet.table.model,
+                cohort=role,
+                pool=pool,
+                worker=fleet.workers[role][0],
+                status=200,
+                ttft_seconds=ttft,
+                max_gap_seconds=ttft,
+                tpot_seconds=0.01,
+                e2e_seconds=ttft + 0.1,
+                prompt_tokens=100,
+                output_tokens=8,
+            )
+            for i in range(n)
+        ]
+    )
 
 
 def rollout(fleet: Fleet, **fields: Any) -> Rollout:
-    r = Rollout.start(routing_table=fleet.table, stable_pool=fleet.stable, canary_pool=fleet.canary,
-                      target_revision=fleet.target_revision, steps=[{"set_weight": 1000}], actor="tester",
-                      gate={"enabled": False})
+    r = Rollout.start(
+        routing_table=fleet.table,
+        stable_pool=fleet.stable,
+        canary_pool=fleet.canary,
+        target_revision=fleet.target_revision,
+        steps=[{"set_weight": 1000}],
+        actor="tester",
+        gate={"enabled": False},
+    )
     for name, value in fields.items():
         setattr(r, name, value)
     return r

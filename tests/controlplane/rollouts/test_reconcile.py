@@ -26,8 +26,8 @@ from tests.controlplane.rollouts.factories import (
     kinds,
     make_fleet,
     table_weights,
-    wait_for,
 )
+from tests.support import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -45,9 +45,16 @@ def gateway(transactional_db: Any) -> Any:
 
 
 def start(fleet: Fleet, steps: list[dict[str, Any]]) -> Rollout:
-    return Rollout.start(routing_table=fleet.table, stable_pool=fleet.stable, canary_pool=fleet.canary,
-                         target_revision=fleet.target_revision, steps=steps, gate={"enabled": False},
-                         actor="tester", progress_deadline_seconds=120)
+    return Rollout.start(
+        routing_table=fleet.table,
+        stable_pool=fleet.stable,
+        canary_pool=fleet.canary,
+        target_revision=fleet.target_revision,
+        steps=steps,
+        gate={"enabled": False},
+        actor="tester",
+        progress_deadline_seconds=120,
+    )
 
 
 def phase_of(rollout: Rollout) -> Phase:
@@ -57,7 +64,7 @@ def phase_of(rollout: Rollout) -> Phase:
 def test_reconcile_drives_a_rollout_to_success_on_a_real_worker(celery_worker, fleet) -> None:
     with Agents(fleet):
         r = start(fleet, [{"set_weight": 5000}, {"pause": {"duration_seconds": 1}}, {"set_weight": 10000}])
-        wait_for(lambda: phase_of(r) == Phase.SUCCEEDED, timeout=60, what="success")
+        wait_until(lambda: phase_of(r) == Phase.SUCCEEDED, timeout=60, what="success")
     r.refresh_from_db()
     events = kinds(r)
     assert events.count("weights_set") == 3  # 50%, 100% (which promotion keeps), back to stable
@@ -70,25 +77,25 @@ def test_abort_while_a_weight_step_is_being_applied(celery_worker, fleet, gatewa
     with Agents(fleet):
         r = start(fleet, [{"set_weight": 2500}, {"pause": {}}])
         # the weights are in the table, but this gateway has not applied them
-        wait_for(lambda: table_weights(fleet.table)["canary"] == 2500, what="weights 25%")
-        wait_for(lambda: "waiting for every gateway to ack" in Rollout.objects.get(pk=r.pk).message, what="ack wait")
+        wait_until(lambda: table_weights(fleet.table)["canary"] == 2500, what="weights 25%")
+        wait_until(lambda: "waiting for every gateway to ack" in Rollout.objects.get(pk=r.pk).message, what="ack wait")
         assert r.request_abort("tester", "wrong profile", source="ui")
-        wait_for(lambda: table_weights(fleet.table)["canary"] == 0, what="canary weight 0")
+        wait_until(lambda: table_weights(fleet.table)["canary"] == 0, what="canary weight 0")
         # the abort waits for the gateway's ack of weight 0 before the canary moves
         assert Rollout.objects.get(pk=r.pk).phase == Phase.ABORTING
         assert fleet.canary.__class__.objects.get(pk=fleet.canary.pk).desired_revision_id == fleet.target_revision.pk
         gateway.ack(fleet.table)
-        wait_for(lambda: phase_of(r) == Phase.ABORTED, timeout=30, what="aborted")
+        wait_until(lambda: phase_of(r) == Phase.ABORTED, timeout=30, what="aborted")
     events = kinds(r)
     assert "step_completed" not in events  # the 25% step never completed
-    after = events[events.index("abort_requested"):]
+    after = events[events.index("abort_requested") :]
     assert after.index("weights_set") < after.index("canary_revision") < after.index("aborted")
     assert fleet.canary.__class__.objects.get(pk=fleet.canary.pk).desired_revision_id == fleet.stable_revision.pk
 
 
 def test_two_reconciles_at_once_do_each_step_once(celery_worker, fleet) -> None:
     r = start(fleet, [{"set_weight": 2500}, {"pause": {}}])
-    wait_for(lambda: "canary workers" in Rollout.objects.get(pk=r.pk).message, what="waiting for the canary")
+    wait_until(lambda: "canary workers" in Rollout.objects.get(pk=r.pk).message, what="waiting for the canary")
     from tests.controlplane.rollouts.factories import follow
 
     follow(fleet)
@@ -114,7 +121,7 @@ def test_two_reconciles_at_once_do_each_step_once(celery_worker, fleet) -> None:
     for t in threads:
         t.join(60)
     assert not errors, errors
-    wait_for(lambda: phase_of(r) == Phase.PAUSED, what="paused at step 2")
+    wait_until(lambda: phase_of(r) == Phase.PAUSED, what="paused at step 2")
     epoch_before = fleet.table.__class__.objects.get(pk=fleet.table.pk).epoch
     events = kinds(r)
     assert events.count("weights_set") == 1 and events.count("step_completed") == 1 and events.count("paused") == 1
@@ -129,17 +136,22 @@ def test_a_worker_killed_mid_step_resumes_on_another(start_celery, fleet, gatewa
     with Agents(fleet):
         with start_celery() as first:
             r = start(fleet, [{"set_weight": 2500}, {"set_weight": 5000}])
-            wait_for(lambda: table_weights(fleet.table)["canary"] == 2500, what="weights 25%")
+            wait_until(lambda: table_weights(fleet.table)["canary"] == 2500, what="weights 25%")
             # its task is inside the step, waiting for this gateway's ack
-            wait_for(lambda: "waiting for every gateway to ack" in Rollout.objects.get(pk=r.pk).message,
-                     what="ack wait")
+            wait_until(
+                lambda: "waiting for every gateway to ack" in Rollout.objects.get(pk=r.pk).message, what="ack wait"
+            )
             first.kill(signal.SIGKILL)
             first.popen.wait(10)
         gateway.ack(fleet.table)
         # a fresh worker with beat: the sweeper finds the rollout overdue and resumes it
         with start_celery(beat=True) as second:
-            wait_for(lambda: gateway.ack(fleet.table) and phase_of(r) == Phase.SUCCEEDED, timeout=90,
-                     interval=0.3, what="success")
+            wait_until(
+                lambda: gateway.ack(fleet.table) and phase_of(r) == Phase.SUCCEEDED,
+                timeout=90,
+                interval=0.3,
+                what="success",
+            )
             swept = re.search(rf"rollouts\.sweep\[[^\]]+\] succeeded in [^:]+: \[[^\]]*\b{r.pk}\b", second.output())
             assert swept, "the sweeper never restarted the rollout"
     events = kinds(r)

@@ -65,7 +65,11 @@ class FakeControlPlane:
                 self.secrets[secret] = worker_id
                 self.registrations.append(dict(data))
             return JSONResponse(
-                {"worker_id": worker_id, "secret": secret, "heartbeat_interval_seconds": self.heartbeat_interval_seconds},
+                {
+                    "worker_id": worker_id,
+                    "secret": secret,
+                    "heartbeat_interval_seconds": self.heartbeat_interval_seconds,
+                },
                 status_code=201,
             )
 
@@ -89,5 +93,8 @@ class FakeControlPlane:
             return JSONResponse(reply)
 
         return Starlette(
-            routes=[Route(REGISTER_PATH, register, methods=["POST"]), Route(HEARTBEAT_PATH, heartbeat, methods=["POST"])]
+            routes=[
+                Route(REGISTER_PATH, register, methods=["POST"]),
+                Route(HEARTBEAT_PATH, heartbeat, methods=["POST"]),
+            ]
         )

@@ -20,8 +20,21 @@ PROFILE = {"max_num_batched_tokens": 256, "max_num_seqs": 8, "block_size": 32, "
 
 
 def agent_args(cp_url, *more):
-    return ["--max-model-len", str(MAX_MODEL_LEN), "--control-plane", cp_url, "--enroll-token", "enroll-1",
-            "--name", "w1", "--advertise-url", "http://w1.example:8000", "--label", "zone=a", *more]
+    return [
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--control-plane",
+        cp_url,
+        "--enroll-token",
+        "enroll-1",
+        "--name",
+        "w1",
+        "--advertise-url",
+        "http://w1.example:8000",
+        "--label",
+        "zone=a",
+        *more,
+    ]
 
 
 def complete(url):
@@ -38,9 +51,13 @@ def fleet(tiny_model, tmp_path_factory):
     """One worker and its control plane for the tests that leave both up."""
     cp = FakeControlPlane()
     log = tmp_path_factory.mktemp("agent") / "worker.log"
-    with ThreadedServer(cp.app()) as server, worker(
-        tiny_model, log, engine=ENGINE, profile=json.dumps(PROFILE), extra=agent_args(server.url)
-    ) as (url, proc):
+    with (
+        ThreadedServer(cp.app()) as server,
+        worker(tiny_model, log, engine=ENGINE, profile=json.dumps(PROFILE), extra=agent_args(server.url)) as (
+            url,
+            proc,
+        ),
+    ):
         wait_until(lambda: ready_on(cp, None), timeout=60)
         yield cp, url
 
@@ -62,13 +79,20 @@ def test_it_registers_with_the_enrollment_token_and_heartbeats_what_it_runs(flee
 def test_it_applies_the_desired_profile_and_reports_ready_on_the_new_revision(fleet):
     cp, url = fleet
     mark = len(cp.heartbeats)
-    cp.set_desired(7, {**PROFILE, "max_num_batched_tokens": 128, "long_prefill_token_threshold": 32}, name="small", revision=2)
+    cp.set_desired(
+        7, {**PROFILE, "max_num_batched_tokens": 128, "long_prefill_token_threshold": 32}, name="small", revision=2
+    )
     wait_until(lambda: ready_on(cp, 7), timeout=120)
     states = [s for s, _ in cp.states_since(mark)]
     assert {"draining", "applying"} & set(states)  # each state change is reported at once
     assert cp.last()["running_profile"]["long_prefill_token_threshold"] == 32
     health = get(f"{url}/health").json()
-    assert health["profile"] == {"name": "small", "revision": 2, "revision_id": 7, "fields": cp.last()["running_profile"]}
+    assert health["profile"] == {
+        "name": "small",
+        "revision": 2,
+        "revision_id": 7,
+        "fields": cp.last()["running_profile"],
+    }
     assert complete(url).status_code == 200
 
 
@@ -99,8 +123,9 @@ def test_a_drain_request_stops_admission_until_lifted(fleet):
 def test_it_keeps_serving_while_the_control_plane_is_away_and_reconnects(tiny_model, tmp_path):
     cp = FakeControlPlane()
     server = ThreadedServer(cp.app()).start()
-    with worker(tiny_model, tmp_path / "w.log", engine=ENGINE, profile=json.dumps(PROFILE),
-                extra=agent_args(server.url)) as (url, proc):
+    with worker(
+        tiny_model, tmp_path / "w.log", engine=ENGINE, profile=json.dumps(PROFILE), extra=agent_args(server.url)
+    ) as (url, proc):
         wait_until(lambda: ready_on(cp, None), timeout=60)
         server.stop()
         count = len(cp.heartbeats)
@@ -115,8 +140,9 @@ def test_it_keeps_serving_while_the_control_plane_is_away_and_reconnects(tiny_mo
 def test_a_control_plane_that_forgot_the_worker_gets_a_fresh_registration(tiny_model, tmp_path):
     first = FakeControlPlane()
     server = ThreadedServer(first.app()).start()
-    with worker(tiny_model, tmp_path / "w.log", engine=ENGINE, profile=json.dumps(PROFILE),
-                extra=agent_args(server.url)) as (url, proc):
+    with worker(
+        tiny_model, tmp_path / "w.log", engine=ENGINE, profile=json.dumps(PROFILE), extra=agent_args(server.url)
+    ) as (url, proc):
         wait_until(lambda: ready_on(first, None), timeout=60)
         server.stop()
         second = FakeControlPlane()  # a fresh database: the secret means nothing, the token is new

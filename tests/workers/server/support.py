@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import uvicorn
 
-from tests.support import PYTHON, Process, child_env, free_port, running
+from tests.support import PYTHON, Process, child_env, free_port, running, wait_until
 
 VLLM_ENV = {
     "VLLM_NO_USAGE_STATS": "1",
@@ -94,17 +94,6 @@ def metric_value(text: str, name: str, **labels: str) -> float | None:
 
 def metric_names(text: str) -> set[str]:
     return {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
-
-
-def wait_until(predicate: Any, timeout: float = 10.0, interval: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval)
-    raise TimeoutError(f"condition not met in {timeout}s (last: {last!r})")
 
 
 def get(url: str, **kwargs: Any) -> httpx.Response:

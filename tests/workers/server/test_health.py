@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 
 from tests.workers.server.support import ThreadedServer, get, wait_until
+from workers import engines
 from workers.profile import EngineProfile
-from workers.server import engines
 from workers.server.app import build_app
 from workers.server.host import EngineHost, RunningProfile
 from workers.server.metrics import MetricsExporter

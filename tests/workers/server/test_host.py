@@ -5,9 +5,9 @@ import asyncio
 
 import pytest
 
-from workers.engine_api import SamplingParams
+from workers import engines
+from workers.engines.api import SamplingParams
 from workers.profile import EngineProfile, ProfileError
-from workers.server import engines
 from workers.server.host import (
     READY,
     ApplyError,
@@ -70,7 +70,9 @@ def test_a_scheduler_knob_change_applies_between_steps_without_refusing_anyone(m
         running = asyncio.ensure_future(drain_stream(ticket.engine, "a", 200))
         await asyncio.sleep(0.05)
         engine = host.engine
-        await host.apply(RunningProfile(EngineProfile(**{**BASE.to_dict(), "long_prefill_token_threshold": 16}), 5, "cap", 2))
+        await host.apply(
+            RunningProfile(EngineProfile(**{**BASE.to_dict(), "long_prefill_token_threshold": 16}), 5, "cap", 2)
+        )
         assert host.engine is engine and host.state == READY  # same engine, no rebuild
         assert host.engine.profile.long_prefill_token_threshold == 16
         assert len(await running) == 200
@@ -95,7 +97,9 @@ def test_a_layout_change_drains_in_flight_requests_then_rebuilds(make_host):
 
         running = asyncio.ensure_future(serve())
         await asyncio.sleep(0.05)
-        apply = asyncio.ensure_future(host.apply(RunningProfile(EngineProfile(**{**BASE.to_dict(), "block_size": 64}), 6, "big", 3)))
+        apply = asyncio.ensure_future(
+            host.apply(RunningProfile(EngineProfile(**{**BASE.to_dict(), "block_size": 64}), 6, "big", 3))
+        )
         await asyncio.sleep(0.02)
         with pytest.raises(Unavailable):
             host.admit(["b"])  # draining: refused before any byte
@@ -117,7 +121,12 @@ def test_the_drain_deadline_aborts_stragglers(make_host):
 
         async def serve():
             try:
-                outs = [out async for out in engine.generate("x " * 10, SamplingParams(max_tokens=5000, ignore_eos=True), "slow")]
+                outs = [
+                    out
+                    async for out in engine.generate(
+                        "x " * 10, SamplingParams(max_tokens=5000, ignore_eos=True), "slow"
+                    )
+                ]
                 return outs[-1].outputs[0].finish_reason
             finally:
                 ticket.release()

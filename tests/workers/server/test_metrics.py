@@ -1,28 +1,45 @@
-"""The /metrics exporter: DESIGN.md's names, fed by engine records."""
+"""The /metrics exporter: the metric vocabulary's names ("Metrics" in
+docs/architecture.md), fed by engine records."""
 
 from dataclasses import dataclass, field
 
+import pytest
 from prometheus_client import CollectorRegistry, Counter
 
 from tests.workers.server.support import metric_names, metric_value
-from workers.engine_api import EngineLoad, RequestMetrics, StepMetrics
+from workers.engines.api import EngineLoad, MemoryFacts, RequestMetrics, StepMetrics
 from workers.profile import EngineProfile
 from workers.server.metrics import MetricsExporter, request_token_buckets
 
-# DESIGN.md's vocabulary, exactly as it names the exposed families.
+# The vocabulary ("Metrics" in docs/architecture.md), exactly as it names the exposed families.
 VLLM_NAMES = {
-    "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds", "vllm:request_queue_time_seconds",
-    "vllm:request_prefill_time_seconds", "vllm:e2e_request_latency_seconds", "vllm:kv_cache_usage_perc",
-    "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:num_preemptions_total",
-    "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:prefix_cache_queries_total",
-    "vllm:prefix_cache_hits_total", "vllm:iteration_tokens_total",
+    "vllm:time_to_first_token_seconds",
+    "vllm:inter_token_latency_seconds",
+    "vllm:request_queue_time_seconds",
+    "vllm:request_prefill_time_seconds",
+    "vllm:e2e_request_latency_seconds",
+    "vllm:kv_cache_usage_perc",
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:num_preemptions_total",
+    "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total",
+    "vllm:prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total",
+    "vllm:iteration_tokens_total",
 }
 CHUNKPILOT_NAMES = {
-    "chunkpilot:request_max_gap_seconds", "chunkpilot:prefill_chunk_wait_seconds",
-    "chunkpilot:kv_fragmentation_ratio", "chunkpilot:kv_fragmentation_ratio_seconds_total",
-    "chunkpilot:memory_bytes", "chunkpilot:memory_recent_peak_bytes", "chunkpilot:memory_byte_seconds_total",
+    "chunkpilot:request_max_gap_seconds",
+    "chunkpilot:prefill_chunk_wait_seconds",
+    "chunkpilot:kv_fragmentation_ratio",
+    "chunkpilot:kv_fragmentation_ratio_seconds_total",
+    "chunkpilot:memory_bytes",
+    "chunkpilot:memory_recent_peak_bytes",
+    "chunkpilot:memory_byte_seconds_total",
     "chunkpilot:held_seconds_total",
-    "chunkpilot:step_tokens_total", "chunkpilot:steps_total", "chunkpilot:profile_info",
+    "chunkpilot:step_tokens_total",
+    "chunkpilot:steps_total",
+    "chunkpilot:profile_info",
 }
 
 
@@ -50,10 +67,22 @@ class RecordingEngine:
 
 def step(start, *, held=4, stored=40, memory=1000, peak=1500, prefill=32, decode=3, waits=()):
     return StepMetrics(
-        start_time=start, duration_seconds=0.5, num_prefill_tokens=prefill, num_decode_tokens=decode,
-        num_running=3, num_waiting=1, num_blocks_held=held, num_tokens_stored=stored, block_size=16,
-        num_blocks_total=100, memory_bytes=memory, peak_memory_bytes=peak, num_preemptions=1,
-        prefill_chunk_waits=list(waits), prefix_cache_queries=32, prefix_cache_hits=16,
+        start_time=start,
+        duration_seconds=0.5,
+        num_prefill_tokens=prefill,
+        num_decode_tokens=decode,
+        num_running=3,
+        num_waiting=1,
+        num_blocks_held=held,
+        num_tokens_stored=stored,
+        block_size=16,
+        num_blocks_total=100,
+        memory_bytes=memory,
+        peak_memory_bytes=peak,
+        num_preemptions=1,
+        prefill_chunk_waits=list(waits),
+        prefix_cache_queries=32,
+        prefix_cache_hits=16,
     )
 
 
@@ -61,8 +90,12 @@ def exporter_with_engine(clock):
     exporter = MetricsExporter(model_name="tiny", max_model_len=4096, clock=clock)
     engine = RecordingEngine()
     exporter.attach(engine)
-    exporter.set_profile(EngineProfile(max_num_batched_tokens=256, long_prefill_token_threshold=64),
-                         engine_kind="reference", name="chunked-256", revision=3)
+    exporter.set_profile(
+        EngineProfile(max_num_batched_tokens=256, long_prefill_token_threshold=64),
+        engine_kind="reference",
+        name="chunked-256",
+        revision=3,
+    )
     return exporter, engine
 
 
@@ -94,9 +127,13 @@ def test_an_engine_with_its_own_vllm_metrics_keeps_them_and_gets_ours_beside():
 def test_request_figures_come_from_the_records():
     exporter, _ = exporter_with_engine(Clock())
     metrics = RequestMetrics(
-        arrival_time=10.0, first_scheduled_time=10.5, first_token_time=11.0,
-        token_times=[11.0, 11.1, 13.1, 13.2], finished_time=13.2,
-        num_prompt_tokens=100, num_output_tokens=4,
+        arrival_time=10.0,
+        first_scheduled_time=10.5,
+        first_token_time=11.0,
+        token_times=[11.0, 11.1, 13.1, 13.2],
+        finished_time=13.2,
+        num_prompt_tokens=100,
+        num_output_tokens=4,
     )
     exporter.on_request_finished("r", metrics, "length")
     text = exporter.render().decode()
@@ -154,12 +191,25 @@ def test_load_gauges_are_read_from_the_engine_at_scrape_time():
 def test_profile_info_names_the_running_profile():
     exporter, _ = exporter_with_engine(Clock())
     text = exporter.render().decode()
-    assert metric_value(
-        text, "chunkpilot:profile_info", profile="chunked-256", revision="3", prefill_mode="chunked",
-        budget="256", chunk_cap="64", engine_kind="reference",
-    ) == 1
-    exporter.set_profile(EngineProfile(prefill_mode="monolithic", max_num_batched_tokens=4096),
-                         engine_kind="reference", name="mono", revision=4)
+    assert (
+        metric_value(
+            text,
+            "chunkpilot:profile_info",
+            profile="chunked-256",
+            revision="3",
+            prefill_mode="chunked",
+            budget="256",
+            chunk_cap="64",
+            engine_kind="reference",
+        )
+        == 1
+    )
+    exporter.set_profile(
+        EngineProfile(prefill_mode="monolithic", max_num_batched_tokens=4096),
+        engine_kind="reference",
+        name="mono",
+        revision=4,
+    )
     text = exporter.render().decode()
     assert metric_value(text, "chunkpilot:profile_info", profile="chunked-256") is None
     assert metric_value(text, "chunkpilot:profile_info", profile="mono", revision="4") == 1
@@ -167,3 +217,72 @@ def test_profile_info_names_the_running_profile():
 
 def test_token_buckets_follow_vllms_one_two_five_series():
     assert request_token_buckets(1000) == [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000]
+
+
+def gap_step(end, *, prefill=0, decode=2, longest=0, memory=1000, peak=1000):
+    """A 0.5-s step ending at ``end`` whose largest running prefill has ``longest`` tokens left to compute."""
+    return StepMetrics(
+        start_time=end - 0.5,
+        duration_seconds=0.5,
+        num_prefill_tokens=prefill,
+        num_decode_tokens=decode,
+        num_running=2,
+        num_waiting=0,
+        num_blocks_held=1,
+        num_tokens_stored=16,
+        block_size=16,
+        num_blocks_total=100,
+        memory_bytes=memory,
+        peak_memory_bytes=peak,
+        max_prefill_tokens=longest,
+    )
+
+
+def test_decode_gaps_are_split_by_whether_a_long_prefill_ran_during_them():
+    exporter, _ = exporter_with_engine(Clock(200.0))
+    exporter.on_step(gap_step(100.0))  # starts the gaps
+    exporter.on_step(gap_step(100.5))  # 0.5 s, nothing long ran
+    # a monolithic 2000-token prefill: decodes wait through it, then decode at 103.5
+    exporter.on_step(gap_step(103.0, prefill=2000, decode=0, longest=2000))
+    exporter.on_step(gap_step(103.5))  # a 3-s gap with a long prefill in it
+    # a chunk of a long prompt beside the decodes (chunked): the gap is a long-prefill one too
+    exporter.on_step(gap_step(104.0, prefill=256, longest=5000))
+    # a short prefill (the threshold itself is not long)
+    exporter.on_step(gap_step(104.5, prefill=1024, longest=1024))
+    text = exporter.render().decode()
+    assert metric_value(text, "chunkpilot:decode_gap_long_prefill_seconds_count") == 4  # two steps × two decodes
+    assert metric_value(text, "chunkpilot:decode_gap_long_prefill_seconds_sum") == 2 * 3.0 + 2 * 0.5
+    assert metric_value(text, "chunkpilot:decode_gap_other_seconds_count") == 4
+    assert metric_value(text, "chunkpilot:decode_gap_other_seconds_sum") == 4 * 0.5
+    assert metric_value(text, "chunkpilot:long_prefill_steps_total") == 2
+    # prefill share of step time: 0.5 s whole, 0.5 × 256/258, 0.5 × 1024/1026
+    assert metric_value(text, "chunkpilot:prefill_seconds_total") == pytest.approx(
+        0.5 + 0.5 * 256 / 258 + 0.5 * 1024 / 1026
+    )
+
+
+def test_an_engine_that_does_not_say_what_prefill_ran_gets_no_gap_figures():
+    exporter, _ = exporter_with_engine(Clock(200.0))
+    for end in (100.0, 100.5, 101.0):
+        exporter.on_step(step(end - 0.5))  # max_prefill_tokens unknown
+    text = exporter.render().decode()
+    assert metric_value(text, "chunkpilot:decode_gap_other_seconds_count") == 0
+    assert metric_value(text, "chunkpilot:decode_gap_long_prefill_seconds_count") == 0
+
+
+def test_memory_facts_and_activation_per_token_of_the_largest_prefill_step():
+    class FactsEngine(RecordingEngine):
+        def memory_facts(self):
+            return MemoryFacts(weight_bytes=12_000_000, kv_bytes_per_token=2048)
+
+    exporter = MetricsExporter(model_name="tiny", max_model_len=4096, clock=Clock(200.0))
+    text = exporter.render().decode()
+    assert "chunkpilot:weight_bytes" not in text  # nothing known: nothing exported
+    exporter.attach(FactsEngine())
+    exporter.on_step(gap_step(100.0, prefill=10, longest=10, memory=1000, peak=9000))  # small step: overheads
+    exporter.on_step(gap_step(101.0, prefill=1000, longest=1000, memory=1000, peak=501_000))
+    exporter.on_step(gap_step(102.0, prefill=0, memory=1000, peak=90_000))  # decode only: not a prefill step
+    text = exporter.render().decode()
+    assert metric_value(text, "chunkpilot:weight_bytes") == 12_000_000
+    assert metric_value(text, "chunkpilot:kv_bytes_per_token") == 2048
+    assert metric_value(text, "chunkpilot:activation_bytes_per_token") == 500.0

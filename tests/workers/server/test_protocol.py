@@ -75,7 +75,10 @@ def test_completion_defaults_follow_openai_and_chat_runs_to_the_context():
     assert p.parse_completion({"prompt": "x"}).params.max_tokens == 16
     chat = p.parse_chat({"messages": [{"role": "user", "content": "x"}]})
     assert chat.params.max_tokens is None
-    assert p.parse_chat({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 7}).params.max_tokens == 7
+    assert (
+        p.parse_chat({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 7}).params.max_tokens
+        == 7
+    )
 
 
 def test_stream_options_include_usage_is_read_only_when_streaming():
@@ -84,10 +87,72 @@ def test_stream_options_include_usage_is_read_only_when_streaming():
 
 
 def test_text_parts_of_a_message_are_joined():
-    chat = p.parse_chat({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]})
+    chat = p.parse_chat(
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}
+    )
     assert chat.messages == [{"role": "user", "content": "a\nb"}]
 
 
 def test_vllm_sampling_extensions_are_accepted():
-    params = p.parse_completion({"prompt": "x", "top_k": 5, "ignore_eos": True, "stop_token_ids": [7], "seed": 3}).params
+    params = p.parse_completion(
+        {"prompt": "x", "top_k": 5, "ignore_eos": True, "stop_token_ids": [7], "seed": 3}
+    ).params
     assert (params.top_k, params.ignore_eos, params.stop_token_ids, params.seed) == (5, True, [7], 3)
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (b'{"prompt": "a", "temperature": NaN}', "temperature"),
+        (b'{"prompt": "a", "temperature": Infinity}', "temperature"),
+        (b'{"prompt": "a", "top_p": NaN}', "top_p"),
+        (b'{"prompt": "a", "top_p": -Infinity}', "top_p"),
+        (b'{"prompt": "a", "seed": 1180591620717411303424}', "seed"),  # 2**70
+        (b'{"prompt": "a", "seed": -9223372036854775809}', "seed"),  # -(2**63) - 1
+        (b'{"prompt": "a", "top_k": -2}', "top_k"),
+        (b'{"prompt": "a", "presence_penalty": 3}', "presence_penalty"),
+        (b'{"prompt": "a", "frequency_penalty": NaN}', "frequency_penalty"),
+        (b'{"prompt": "a", "repetition_penalty": 0}', "repetition_penalty"),
+        (b'{"prompt": "a", "repetition_penalty": 1.2}', "repetition_penalty"),  # in range, not implemented
+        (b'{"prompt": "a", "min_p": 2}', "min_p"),
+        (b'{"prompt": "a", "stop_token_ids": [-1]}', "stop_token_ids"),
+    ],
+)
+def test_sampling_parameters_are_checked_as_vllm_checks_them_and_name_the_field(body: bytes, param: str) -> None:
+    err = error_of(lambda: p.parse_completion(p.parse_json(body)))
+    assert (err.status, err.param) == (400, param)
+
+
+def test_a_tiny_positive_temperature_is_raised_to_vllms_floor_and_zero_stays_greedy() -> None:
+    assert p.parse_completion({"prompt": "a", "temperature": 1e-40}).params.temperature == p.MIN_TEMPERATURE
+    assert p.parse_completion({"prompt": "a", "temperature": 0}).params.temperature == 0.0
+    assert p.parse_completion({"prompt": "a", "temperature": 0.7}).params.temperature == 0.7
+
+
+def test_the_seed_takes_vllms_64_bit_range_and_minus_one_means_none() -> None:
+    assert p.parse_completion({"prompt": "a", "seed": 2**63 - 1}).params.seed == 2**63 - 1
+    assert p.parse_completion({"prompt": "a", "seed": -(2**63)}).params.seed == -(2**63)
+    assert p.parse_completion({"prompt": "a", "seed": -1}).params.seed is None
+
+
+def test_neutral_penalties_are_accepted() -> None:
+    p.parse_chat({"messages": [{"role": "user", "content": "hi"}], "presence_penalty": 0, "frequency_penalty": 0.0})
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (b'{"prompt": "a\\ud800b"}', "prompt"),
+        (b'{"prompt": ["ok", "x\\udfff"]}', "prompt[1]"),
+        (b'{"messages": [{"role": "user", "content": "\\ud800"}]}', "messages[0].content"),
+        (b'{"prompt": "a", "stop": ["\\ud83d"]}', "stop[0]"),
+    ],
+)
+def test_a_lone_surrogate_anywhere_is_a_400_naming_the_field(body: bytes, param: str) -> None:
+    err = error_of(p.parse_json, body)
+    assert (err.status, err.param) == (400, param)
+    assert "surrogate" in err.message
+
+
+def test_a_surrogate_pair_is_text_and_passes() -> None:
+    assert p.parse_json(b'{"prompt": "\\ud83d\\ude00"}')["prompt"] == "\U0001f600"

@@ -33,14 +33,26 @@ from django.utils import timezone
 
 from controlplane.alerts import conf, evaluation
 from controlplane.alerts.models import Alert, AlertRule
+from controlplane.fleet.models import Pool, Worker
+from controlplane.gateway.models import RequestLog, RoutingPool, RoutingTable
 from controlplane.metrics.management.commands.bench_metrics import PREFIX
 from controlplane.metrics.management.commands.bench_metrics import Command as MetricsBench
 
 RULE_PREFIX = "Bench"
 TABLE_MODEL = f"{PREFIX}model"
 
-SCRAPED = ["ttft_p99", "itl_p99", "stall_p99", "tpot_p99", "prefill_wait_p99", "kv_fragmentation",
-           "memory_peak_to_mean", "requests_per_second", "prefix_cache_hit_rate", "queue_time_p99"]
+SCRAPED = [
+    "ttft_p99",
+    "itl_p99",
+    "stall_p99",
+    "tpot_p99",
+    "prefill_wait_p99",
+    "kv_fragmentation",
+    "memory_peak_to_mean",
+    "requests_per_second",
+    "prefix_cache_hit_rate",
+    "queue_time_p99",
+]
 REQUESTS = ["client_ttft_p99", "client_stall_p99", "client_tpot_p99", "error_rate", "goodput_ratio"]
 FLEET = ["worker_missing", "profile_drift_seconds"]
 WINDOWS = [60.0, 300.0, 900.0, 3600.0]
@@ -56,20 +68,24 @@ class Command(BaseCommand):
         parser.add_argument("--keep", action="store_true", help="leave the generated data in place")
         parser.add_argument("--seed", type=int, default=11)
         parser.add_argument("--profile", action="store_true", help="print where the steady cycles spend their time")
-        parser.add_argument("--healthy", action="store_true",
-                            help="thresholds nothing crosses: a quiet fleet (default: a storm, ~2000 alerts active)")
+        parser.add_argument(
+            "--healthy",
+            action="store_true",
+            help="thresholds nothing crosses: a quiet fleet (default: a storm, ~2000 alerts active)",
+        )
 
     def handle(self, *args: Any, **opts: Any) -> None:
         if connection.vendor != "postgresql":
             self.stderr.write(self.style.WARNING("not PostgreSQL: the figure is quoted for PostgreSQL"))
-        interval = conf.eval_interval_seconds()
+        interval = conf.ALERT_EVAL_INTERVAL.get()
         now = evaluation.tick_of(timezone.now())
         # Data runs to the last cycle's tick, so every cycle sees fresh windows.
         data_end = now + timedelta(seconds=interval * opts["cycles"])
         metrics = MetricsBench()
         metrics.stdout, metrics.stderr = self.stdout, self.stderr
-        others = list(AlertRule.objects.filter(enabled=True).exclude(name__startswith=RULE_PREFIX)
-                      .values_list("pk", flat=True))
+        others = list(
+            AlertRule.objects.filter(enabled=True).exclude(name__startswith=RULE_PREFIX).values_list("pk", flat=True)
+        )
         self.cleanup(metrics)
         try:
             AlertRule.objects.filter(pk__in=others).update(enabled=False)
@@ -82,8 +98,10 @@ class Command(BaseCommand):
                 with connection.cursor() as cursor:
                     for table in ("metrics_snapshot", "metrics_rollup", "gateway_requestlog", "alerts_alert"):
                         cursor.execute(f"VACUUM ANALYZE {table}")
-            self.stdout.write(f"generated {rows} snapshots, {num_requests} logged requests and {rules} rules "
-                              f"in {time.perf_counter() - started:.1f} s")
+            self.stdout.write(
+                f"generated {rows} snapshots, {num_requests} logged requests and {rules} rules "
+                f"in {time.perf_counter() - started:.1f} s"
+            )
             self.time_cycles(now, interval, opts["cycles"], opts["profile"])
         finally:
             AlertRule.objects.filter(pk__in=others).update(enabled=True)
@@ -93,8 +111,6 @@ class Command(BaseCommand):
     # ---- data ---------------------------------------------------------------------------
 
     def cleanup(self, metrics: MetricsBench) -> None:
-        from controlplane.gateway.models import RequestLog, RoutingTable
-
         Alert.objects.filter(rule__name__startswith=RULE_PREFIX).delete()
         AlertRule.objects.filter(name__startswith=RULE_PREFIX).delete()
         RequestLog.objects.filter(model=TABLE_MODEL).delete()
@@ -102,19 +118,14 @@ class Command(BaseCommand):
         metrics.cleanup()
 
     def routing_table(self) -> None:
-        from controlplane.fleet.models import Pool
-        from controlplane.gateway.models import RoutingPool, RoutingTable
-
         table = RoutingTable.objects.create(model=TABLE_MODEL)
         for role, weight in (("canary", 2000), ("stable", 8000)):
-            RoutingPool.objects.create(table=table, pool=Pool.objects.get(name=f"{PREFIX}{role}"), role=role,
-                                       weight_bp=weight)
+            RoutingPool.objects.create(
+                table=table, pool=Pool.objects.get(name=f"{PREFIX}{role}"), role=role, weight_bp=weight
+            )
 
     def generate_requests(self, now: datetime, seed: int) -> int:
         """An hour of the gateway's log: 10 requests/s, canary a little slower."""
-        from controlplane.fleet.models import Worker
-        from controlplane.gateway.models import RequestLog
-
         rng = np.random.default_rng(seed)
         workers = list(Worker.objects.filter(name__startswith=PREFIX).select_related("pool"))
         count = 36_000
@@ -126,12 +137,24 @@ class Command(BaseCommand):
             cohort = "canary" if w.pool.name.endswith("canary") else "stable"
             ttft = float(rng.lognormal(np.log(0.3 if cohort == "stable" else 0.45), 0.6))
             failed = rng.random() < 0.01
-            rows.append(RequestLog(
-                request_id=f"{PREFIX}{i}", created_at=now - timedelta(seconds=3600 - float(offset)), model=TABLE_MODEL,
-                cohort=cohort, pool=w.pool, worker=w, prompt_tokens=int(rng.integers(16, 8000)), output_tokens=128,
-                ttft_seconds=ttft, max_gap_seconds=ttft / 2, tpot_seconds=float(rng.lognormal(np.log(0.03), 0.3)),
-                e2e_seconds=ttft + 4, status=503 if failed else 200, stream=True,
-            ))
+            rows.append(
+                RequestLog(
+                    request_id=f"{PREFIX}{i}",
+                    created_at=now - timedelta(seconds=3600 - float(offset)),
+                    model=TABLE_MODEL,
+                    cohort=cohort,
+                    pool=w.pool,
+                    worker=w,
+                    prompt_tokens=int(rng.integers(16, 8000)),
+                    output_tokens=128,
+                    ttft_seconds=ttft,
+                    max_gap_seconds=ttft / 2,
+                    tpot_seconds=float(rng.lognormal(np.log(0.03), 0.3)),
+                    e2e_seconds=ttft + 4,
+                    status=503 if failed else 200,
+                    stream=True,
+                )
+            )
         RequestLog.objects.bulk_create(rows, batch_size=5000)
         return count
 
@@ -143,8 +166,13 @@ class Command(BaseCommand):
         for i in range(count):
             figure = next(figures)
             window = WINDOWS[i % len(WINDOWS)]
-            fields: dict[str, Any] = {"figure": figure, "window_seconds": window, "comparator": ">",
-                                      "for_seconds": float(rng.choice([0, 60, 300])), "no_data_state": "nodata"}
+            fields: dict[str, Any] = {
+                "figure": figure,
+                "window_seconds": window,
+                "comparator": ">",
+                "for_seconds": float(rng.choice([0, 60, 300])),
+                "no_data_state": "nodata",
+            }
             kind = i % 5
             if figure in FLEET:
                 fields.update(group_by=["worker", "pool", "fleet"][i % 3], threshold=0.0)
@@ -157,8 +185,14 @@ class Command(BaseCommand):
             elif kind == 3:
                 fields.update(group_by="worker", selector={"pool": f"{PREFIX}stable"})
             else:
-                fields.update(group_by="pool", selector={"cohort": "canary"}, compare_to="stable", threshold=1.1,
-                              action="abort_rollout", severity="critical")
+                fields.update(
+                    group_by="pool",
+                    selector={"cohort": "canary"},
+                    compare_to="stable",
+                    threshold=1.1,
+                    action="abort_rollout",
+                    severity="critical",
+                )
             fields.setdefault("threshold", float(rng.choice([0.0, 0.05, 0.5, 1.0])))
             if healthy:
                 fields.update(threshold=1e6, no_data_state="ok")

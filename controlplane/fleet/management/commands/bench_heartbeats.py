@@ -28,7 +28,9 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from controlplane.fleet.models import EnrollmentToken, Pool, Worker
 from controlplane.launcher import ProcessSpec, Running
+from controlplane.profiles.models import Profile
 from workers import contract
 
 BENCH_PREFIX = "bench-"
@@ -50,10 +52,16 @@ class Command(BaseCommand):
         parser.add_argument("--duration", type=float, default=20.0, help="seconds of measured load")
         parser.add_argument("--warmup", type=float, default=3.0, help="seconds of load before measuring")
         parser.add_argument("--url", help="an already running control plane; default: start one here")
-        parser.add_argument("--server-processes", type=int, default=1, help="uvicorn worker processes when starting one")
-        parser.add_argument("--db-pool", type=int, default=0, help="DATABASE_POOL_MAX_SIZE for the server it starts (0: none)")
         parser.add_argument(
-            "--connections", type=int, default=0,
+            "--server-processes", type=int, default=1, help="uvicorn worker processes when starting one"
+        )
+        parser.add_argument(
+            "--db-pool", type=int, default=0, help="DATABASE_POOL_MAX_SIZE for the server it starts (0: none)"
+        )
+        parser.add_argument(
+            "--connections",
+            type=int,
+            default=0,
             help="client keep-alive connections (default 0: one per worker, as real agents have)",
         )
         parser.add_argument("--state-change-every", type=int, default=100, help="one heartbeat in N changes state")
@@ -92,20 +100,18 @@ class Command(BaseCommand):
             "  sent {sent}, ok {ok}, errors {errors}\n"
             "  throughput {heartbeats_per_second:.1f} heartbeats/s\n"
             "  latency ms: p50 {p50_ms:.1f}  p90 {p90_ms:.1f}  p99 {p99_ms:.1f}  max {max_ms:.1f}  mean {mean_ms:.1f}\n"
-            "  schedule lag p99 {lag_p99_ms:.1f} ms (how late clients sent; high means the client side saturated)".format(**result)
+            "  schedule lag p99 {lag_p99_ms:.1f} ms (how late clients sent; high means the client side "
+            "saturated)".format(**result)
         )
 
     # ---- setup -------------------------------------------------------------------
     def _enroll(self, num_workers: int) -> dict[str, str]:
-        from controlplane.fleet.models import EnrollmentToken, Pool, Worker
-        from controlplane.profiles.models import Profile
-
         self._cleanup()
         profile = Profile.objects.create(name=f"{BENCH_PREFIX}profile")
         revision = profile.add_revision({"max_num_batched_tokens": 512}, comment="benchmark")
         pool = Pool.objects.create(name=f"{BENCH_PREFIX}pool")
         pool.set_desired_revision(revision)
-        _, plaintext = EnrollmentToken.issue(f"{BENCH_PREFIX}token", pool=pool)
+        _, plaintext = EnrollmentToken.issue(f"{BENCH_PREFIX}token", actor="system:bench", pool=pool)
         secrets_by_worker = {}
         for i in range(num_workers):
             req = contract.parse_register(
@@ -127,9 +133,6 @@ class Command(BaseCommand):
         return secrets_by_worker
 
     def _cleanup(self) -> None:
-        from controlplane.fleet.models import EnrollmentToken, Pool, Worker
-        from controlplane.profiles.models import Profile
-
         Worker.objects.filter(name__startswith=BENCH_PREFIX).delete()
         EnrollmentToken.objects.filter(name__startswith=BENCH_PREFIX).delete()
         Pool.objects.filter(name__startswith=BENCH_PREFIX).delete()
@@ -142,8 +145,21 @@ class Command(BaseCommand):
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         url = f"http://127.0.0.1:{port}"
-        argv = [sys.executable, "-m", "uvicorn", "controlplane.asgi:application", "--host", "127.0.0.1",
-                "--port", str(port), "--no-access-log", "--log-level", "warning", "--workers", str(processes)]
+        argv = [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "controlplane.asgi:application",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--no-access-log",
+            "--log-level",
+            "warning",
+            "--workers",
+            str(processes),
+        ]
         log_dir = settings.DATA_DIR / "bench"
         log_dir.mkdir(parents=True, exist_ok=True)
         env = {"CHUNKPILOT_DATA_DIR": str(settings.DATA_DIR), "DATABASE_POOL_MAX_SIZE": str(db_pool)}
@@ -189,8 +205,11 @@ class Command(BaseCommand):
                 {
                     "contract_version": contract.CONTRACT_VERSION,
                     "state": state,
-                    "load": {"num_requests_running": rng.randint(0, 8), "num_requests_waiting": rng.randint(0, 3),
-                             "kv_cache_usage_perc": round(rng.random(), 3)},
+                    "load": {
+                        "num_requests_running": rng.randint(0, 8),
+                        "num_requests_waiting": rng.randint(0, 3),
+                        "kv_cache_usage_perc": round(rng.random(), 3),
+                    },
                     "running_revision_id": self._revision_id,
                     "running_profile": {},
                     "hardware": {"device": "cpu", "cpu_count": 2},
@@ -280,5 +299,3 @@ class Command(BaseCommand):
             "lag_p99_ms": percentile(lags, 0.99) * ms,
             "error_samples": error_samples,
         }
-
-

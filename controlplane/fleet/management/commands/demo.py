@@ -30,32 +30,45 @@ class Command(BaseCommand):
         parser.add_argument("--host", default=os.environ.get("CHUNKPILOT_HOST", "127.0.0.1"))
         parser.add_argument("--port", type=int, default=int(os.environ.get("CHUNKPILOT_PORT", "8000")))
         parser.add_argument(
-            "--gateway-port", type=int, default=int(os.environ.get("CHUNKPILOT_GATEWAY_PORT", gateway_demo.GATEWAY_PORT))
+            "--gateway-port",
+            type=int,
+            default=int(os.environ.get("CHUNKPILOT_GATEWAY_PORT", gateway_demo.GATEWAY_PORT)),
         )
         parser.add_argument("--no-workers", action="store_true", help="control plane only")
-        parser.add_argument("--verbose", action="store_true",
-                            help="keep echoing every process's output after start-up (default: warnings and errors)")
-        parser.add_argument("--model", type=Path, help="the workers' checkpoint (default: the tiny model, built on first use)")
+        parser.add_argument(
+            "--verbose",
+            action="store_true",
+            help="keep echoing every process's output after start-up (default: warnings and errors)",
+        )
+        parser.add_argument(
+            "--model", type=Path, help="the workers' checkpoint (default: the tiny model, built on first use)"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         data_dir = Path(settings.DATA_DIR)
         say = self.stdout.write
+        embedded.lease_if_embedded()  # up before the processes it starts, down when it stops them
         say("Migrating the database…")
         call_command("migrate", interactive=False, verbosity=0)
         password = demo.ensure_admin(os.environ.get("CHUNKPILOT_ADMIN_PASSWORD"))
         ctx = demo.DemoContext(
-            host=options["host"], port=options["port"], data_dir=data_dir, admin_password=password,
+            host=options["host"],
+            port=options["port"],
+            data_dir=data_dir,
+            admin_password=password,
             gateway_port=options["gateway_port"],
         )
 
         if options["no_workers"]:
             pass
         elif not demo.worker_server_available():
-            self.stderr.write("workers.server is not installed in this checkout: starting the control plane without workers.")
+            self.stderr.write(
+                "workers.server is not installed in this checkout: starting the control plane without workers."
+            )
         else:
             ctx.model_dir = options["model"] or data_dir / "tiny-model"
             if not options["model"]:
-                say(f"Building the tiny model in {ctx.model_dir} (once; about a minute)…")
+                say(f"Copying the tiny model to {ctx.model_dir}…")
                 subprocess.run([demo.PYTHON, "-m", "workers", "make-tiny-model", str(ctx.model_dir)], check=True)
         demo.seed(ctx)
 
@@ -76,7 +89,8 @@ class Command(BaseCommand):
             say("Stopping…")
             supervisor.stop_all()
             if settings.EMBEDDED_REDIS:
-                embedded.stop(data_dir)
+                embedded.release(data_dir)
+                embedded.stop(data_dir)  # even if a child was killed before it gave its lease back
             say("Stopped.")
         if exited is not None:
             raise CommandError(f"{exited} exited; everything was stopped. Logs: {supervisor.log_dir}")
@@ -90,9 +104,12 @@ class Command(BaseCommand):
             f"  Gateway:   http://{ctx.host}:{ctx.gateway_port}/v1 (OpenAI API, model {ctx.model_name},"
             f" key {ctx.client_key})",
             f"  Login:     {demo.ADMIN_USERNAME} / {ctx.admin_password}",
-            (f"  Traffic:   long-tail mix at {demo.DEMO_TRAFFIC_RATE:g} req/s through the gateway"
-             " (CHUNKPILOT_DEMO_RATE=0 turns it off)" if demo.DEMO_TRAFFIC_RATE > 0 and ctx.model_dir else
-             "  Traffic:   none"),
+            (
+                f"  Traffic:   long-tail mix at {demo.DEMO_TRAFFIC_RATE:g} req/s through the gateway"
+                " (CHUNKPILOT_DEMO_RATE=0 turns it off)"
+                if demo.DEMO_TRAFFIC_RATE > 0 and ctx.model_dir
+                else "  Traffic:   none"
+            ),
             f"  Logs:      {log_dir}",
             "  Ctrl-C stops everything."
             + ("" if verbose else " From here on the console shows warnings and errors only (--verbose: all)."),

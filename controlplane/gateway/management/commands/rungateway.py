@@ -11,11 +11,14 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from controlplane import embedded
 from controlplane.gateway import conf
+from controlplane.gateway.log_writer import LogWriter
 from controlplane.gateway.metrics import GatewayMetrics
+from controlplane.gateway.presence import Presence
 from controlplane.gateway.proxy import Gateway, ProxySettings
-from controlplane.gateway.runtime import LogWriter, Presence, Refresher
-from controlplane.gateway.server import serve
+from controlplane.gateway.refresher import Refresher
+from controlplane.gateway.server import ServerSettings, serve
 from controlplane.gateway.state import StateHolder
 from controlplane.gateway.upstream import CLIENTS, UpstreamTimeouts
 
@@ -24,42 +27,48 @@ log = logging.getLogger("controlplane.gateway")
 
 def build_gateway(address: str, *, client: str | None = None) -> tuple[Gateway, LogWriter]:
     """The app with its refresher and log writer wired in (not started)."""
-    client = client or str(conf.get("GATEWAY_UPSTREAM_CLIENT"))
+    client = client or conf.GATEWAY_UPSTREAM_CLIENT.get()
     if client not in CLIENTS:
         raise CommandError(f"GATEWAY_UPSTREAM_CLIENT must be one of {', '.join(CLIENTS)}; got {client!r}")
     upstream_class = CLIENTS[client]
     holder = StateHolder()
     metrics = GatewayMetrics()
     writer = LogWriter(
-        flush_seconds=float(conf.get("GATEWAY_LOG_FLUSH_SECONDS")),
-        batch_size=int(conf.get("GATEWAY_LOG_BATCH_SIZE")),
-        max_backlog=int(conf.get("GATEWAY_LOG_MAX_BACKLOG")),
+        flush_seconds=conf.GATEWAY_LOG_FLUSH_SECONDS.get(),
+        batch_size=conf.GATEWAY_LOG_BATCH_SIZE.get(),
+        max_backlog=conf.GATEWAY_LOG_MAX_BACKLOG.get(),
         metrics=metrics,
     )
-    presence = Presence(
-        settings.REDIS_URL, address=address, ttl_seconds=float(conf.get("GATEWAY_LIVENESS_TTL_SECONDS"))
-    )
+    embedded.lease_if_embedded()  # presence and the refresher's subscription are Redis
+    presence = Presence(settings.REDIS_URL, address=address, ttl_seconds=conf.GATEWAY_LIVENESS_TTL_SECONDS.get())
     refresher = Refresher(
         holder,
         presence,
-        poll_seconds=float(conf.get("GATEWAY_POLL_SECONDS")),
-        heartbeat_seconds=float(conf.get("GATEWAY_HEARTBEAT_SECONDS")),
+        poll_seconds=conf.GATEWAY_POLL_SECONDS.get(),
+        heartbeat_seconds=conf.GATEWAY_HEARTBEAT_SECONDS.get(),
         redis_url=settings.REDIS_URL,
     )
-    timeouts = UpstreamTimeouts(connect_seconds=float(conf.get("GATEWAY_CONNECT_TIMEOUT_SECONDS")))
+    timeouts = UpstreamTimeouts(
+        connect_seconds=conf.GATEWAY_CONNECT_TIMEOUT_SECONDS.get(),
+        read_seconds=conf.GATEWAY_READ_TIMEOUT_SECONDS.get() or None,
+    )
     app = Gateway(
         holder,
         record=writer.put,
         metrics=metrics,
         settings=ProxySettings(
-            max_attempts=int(conf.get("GATEWAY_MAX_ATTEMPTS")),
-            eject_seconds=float(conf.get("GATEWAY_EJECT_SECONDS")),
+            max_attempts=conf.GATEWAY_MAX_ATTEMPTS.get(),
+            eject_seconds=conf.GATEWAY_EJECT_SECONDS.get(),
+            stream_silence_seconds=conf.GATEWAY_STREAM_SILENCE_SECONDS.get(),
+            stream_idle_timeout_seconds=conf.GATEWAY_STREAM_IDLE_TIMEOUT_SECONDS.get(),
+            track_streams=conf.GATEWAY_STREAM_TRACKING.get(),
         ),
         upstream_factory=lambda: upstream_class(timeouts),
         on_startup=[refresher.start],
         # The log's last rows are flushed on shutdown, after the requests in flight have ended.
         on_shutdown=[refresher.stop, lambda: asyncio.to_thread(writer.stop)],
     )
+    presence.streams = app.inflight.summary  # the silent streams travel with the liveness record
     app.refresher = refresher  # type: ignore[attr-defined]
     return app, writer
 
@@ -70,10 +79,10 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8080)
+        parser.add_argument("--advertise", help="host:port others know this gateway by (default: --host:--port)")
         parser.add_argument(
-            "--advertise", help="host:port others know this gateway by (default: --host:--port)"
+            "--client", choices=sorted(CLIENTS), help="upstream HTTP client (default: GATEWAY_UPSTREAM_CLIENT)"
         )
-        parser.add_argument("--client", choices=sorted(CLIENTS), help="upstream HTTP client (default: GATEWAY_UPSTREAM_CLIENT)")
         parser.add_argument("--log-level", default="info")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -105,5 +114,15 @@ class Command(BaseCommand):
         def ready() -> None:
             log.info("gateway %s listening on %s:%s", address, options["host"], options["port"])
 
-        uvloop.run(serve(app.handle, options["host"], options["port"], startup=app.startup, shutdown=app.shutdown,
-                         ready=ready))
+        server_settings = ServerSettings(body_timeout_seconds=conf.GATEWAY_CLIENT_BODY_TIMEOUT_SECONDS.get())
+        uvloop.run(
+            serve(
+                app.handle,
+                options["host"],
+                options["port"],
+                settings=server_settings,
+                startup=app.startup,
+                shutdown=app.shutdown,
+                ready=ready,
+            )
+        )

@@ -27,7 +27,8 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connection, transaction
 from django.utils import timezone
 
-from controlplane.metrics import catalogue
+from controlplane.fleet.models import Pool, Worker
+from controlplane.metrics import catalogue, scrape
 from controlplane.metrics.models import (
     CounterReset,
     Rollup,
@@ -36,15 +37,16 @@ from controlplane.metrics.models import (
     Target,
     minute_of,
     pack,
+    unpack,
 )
+from dashboards.metrics.views import panel
+from workers.server.metrics import MetricsExporter
 
 PREFIX = "bench-"
 
 
 def _example_layout() -> catalogue.Layout:
     """The layout a real reference worker serves (its exporter's bucket bounds)."""
-    from workers.server.metrics import MetricsExporter
-
     return catalogue.parse(MetricsExporter(model_name="bench", max_model_len=32768).render().decode()).layout
 
 
@@ -81,13 +83,18 @@ class Command(BaseCommand):
                     cursor.execute("VACUUM ANALYZE metrics_snapshot")
                     cursor.execute("VACUUM ANALYZE metrics_rollup")
         else:
-            newest = Target.objects.filter(worker_name__startswith=PREFIX).order_by("-last_at").values_list(
-                "last_at", flat=True
-            ).first()
+            newest = (
+                Target.objects.filter(worker_name__startswith=PREFIX)
+                .order_by("-last_at")
+                .values_list("last_at", flat=True)
+                .first()
+            )
             if newest is not None and now - newest > timedelta(minutes=30):
-                self.stderr.write(self.style.WARNING(
-                    f"the reused data ends {now - newest} ago: catching up through so many rounds takes a while"
-                ))
+                self.stderr.write(
+                    self.style.WARNING(
+                        f"the reused data ends {now - newest} ago: catching up through so many rounds takes a while"
+                    )
+                )
             self._load_tails()
             self.stdout.write(f"caught up to now with {self.catch_up(opts['interval'])} live scrape rounds")
         self.report_storage()
@@ -105,15 +112,11 @@ class Command(BaseCommand):
     # ---- data --------------------------------------------------------------------------
 
     def cleanup(self) -> None:
-        from controlplane.fleet.models import Pool, Worker
-
         Target.objects.filter(worker_name__startswith=PREFIX).delete()
         Worker.objects.filter(name__startswith=PREFIX).delete()
         Pool.objects.filter(name__startswith=PREFIX).delete()
 
     def generate(self, now: datetime, num_workers: int, hours: float, interval: float, seed: int) -> int:
-        from controlplane.fleet.models import Pool, Worker
-
         rng = np.random.default_rng(seed)
         layout = _example_layout()
         layout_row = SeriesLayout.for_layout(layout)
@@ -138,9 +141,16 @@ class Command(BaseCommand):
             offsets = np.zeros(len(layout))
             totals = raw.copy()
             target = Target.objects.create(
-                worker=worker, worker_name=worker.name, pool_name=pools[cohort].name, cohort=cohort,
-                layout=layout_row, first_at=times[0], last_at=times[-1], num_samples=num_samples,
-                last_raw=pack(raw[-1]), offsets=pack(offsets),
+                worker=worker,
+                worker_name=worker.name,
+                pool_name=pools[cohort].name,
+                cohort=cohort,
+                layout=layout_row,
+                first_at=times[0],
+                last_at=times[-1],
+                num_samples=num_samples,
+                last_raw=pack(raw[-1]),
+                offsets=pack(offsets),
             )
             if restart is not None:
                 # What the scraper's fold does at the drop: add the value before it.
@@ -157,8 +167,6 @@ class Command(BaseCommand):
 
     def _load_tails(self) -> None:
         """catch_up's starting point from stored data (``--reuse``)."""
-        from controlplane.metrics.models import unpack
-
         layout = _example_layout()
         for t in Target.objects.filter(worker_name__startswith=PREFIX, worker__isnull=False):
             recent = list(Snapshot.objects.filter(target=t).order_by("-ts").values_list("values", flat=True)[:13])
@@ -171,9 +179,6 @@ class Command(BaseCommand):
         """Generation takes minutes; scrape the generated fleet on through the
         real write path (``scrape.record``) until now, so the timed windows end
         at fresh data as a live fleet's do."""
-        from controlplane.fleet.models import Worker
-        from controlplane.metrics import scrape
-
         layout = _example_layout()
         workers = {w.pk: w for w in Worker.objects.filter(pk__in=list(self._tails)).select_related("pool")}
         targets = {t.worker_id: t for t in Target.objects.filter(worker_id__in=list(workers))}
@@ -193,8 +198,9 @@ class Command(BaseCommand):
             scrape.record(at, parsed)
             rounds += 1
 
-    def _series(self, rng: np.random.Generator, layout: catalogue.Layout, n: int, interval: float,
-                slow: bool) -> tuple[np.ndarray, np.ndarray]:
+    def _series(
+        self, rng: np.random.Generator, layout: catalogue.Layout, n: int, interval: float, slow: bool
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Raw cumulative values [n, len(layout)] and the peak-memory gauge [n]."""
         raw = np.zeros((n, len(layout)))
         load = 1 + 0.5 * np.sin(np.linspace(0, 2 * np.pi, n))  # a daily swing
@@ -202,8 +208,11 @@ class Command(BaseCommand):
         for histogram in catalogue.HISTOGRAMS:
             buckets = layout.buckets(histogram)
             bounds = np.array([b for b, _ in buckets])
-            scale = {"vllm:time_to_first_token_seconds": 0.3, "chunkpilot:request_max_gap_seconds": 0.2,
-                     "chunkpilot:prefill_chunk_wait_seconds": 0.02}.get(histogram, 0.05) * (1.3 if slow else 1.0)
+            scale = {
+                "vllm:time_to_first_token_seconds": 0.3,
+                "chunkpilot:request_max_gap_seconds": 0.2,
+                "chunkpilot:prefill_chunk_wait_seconds": 0.02,
+            }.get(histogram, 0.05) * (1.3 if slow else 1.0)
             per_scrape = requests * (20 if histogram == "vllm:inter_token_latency_seconds" else 1)
             values = rng.lognormal(np.log(scale), 0.8, size=int(per_scrape.sum()))
             owner = np.repeat(np.arange(n), per_scrape)
@@ -221,10 +230,13 @@ class Command(BaseCommand):
         tokens_in = rng.poisson(requests * 900)
         steps = rng.poisson(interval / 0.03, size=n)
         for key, per in (
-            ("vllm:request_success_total", requests), ("vllm:generation_tokens_total", tokens_out),
-            ("vllm:prompt_tokens_total", tokens_in), ("vllm:prefix_cache_queries_total", tokens_in),
+            ("vllm:request_success_total", requests),
+            ("vllm:generation_tokens_total", tokens_out),
+            ("vllm:prompt_tokens_total", tokens_in),
+            ("vllm:prefix_cache_queries_total", tokens_in),
             ("vllm:prefix_cache_hits_total", (tokens_in * 0.3).astype(int)),
-            ("vllm:num_preemptions_total", rng.poisson(0.05, size=n)), ("chunkpilot:steps_total", steps),
+            ("vllm:num_preemptions_total", rng.poisson(0.05, size=n)),
+            ("chunkpilot:steps_total", steps),
             ("chunkpilot:step_tokens_total{kind=prefill}", tokens_in),
             ("chunkpilot:step_tokens_total{kind=decode}", tokens_out),
         ):
@@ -236,15 +248,20 @@ class Command(BaseCommand):
             np.clip(0.08 + 0.03 * rng.standard_normal(n), 0, 1) * interval
         )
         peak = memory * (1.2 + (0.6 if slow else 0.2) * rng.random(n))
-        for key, value in (("chunkpilot:memory_bytes", memory), ("chunkpilot:memory_recent_peak_bytes", peak),
-                           ("chunkpilot:kv_fragmentation_ratio", np.full(n, 0.08)),
-                           ("vllm:kv_cache_usage_perc", 0.3 * load), ("vllm:num_requests_running", 4 * load),
-                           ("vllm:num_requests_waiting", load)):
+        for key, value in (
+            ("chunkpilot:memory_bytes", memory),
+            ("chunkpilot:memory_recent_peak_bytes", peak),
+            ("chunkpilot:kv_fragmentation_ratio", np.full(n, 0.08)),
+            ("vllm:kv_cache_usage_perc", 0.3 * load),
+            ("vllm:num_requests_running", 4 * load),
+            ("vllm:num_requests_waiting", load),
+        ):
             raw[:, layout.index[key]] = value
         return raw, peak
 
-    def _write(self, target: Target, times: list[datetime], epoch: np.ndarray, totals: np.ndarray,
-               peak: np.ndarray) -> int:
+    def _write(
+        self, target: Target, times: list[datetime], epoch: np.ndarray, totals: np.ndarray, peak: np.ndarray
+    ) -> int:
         packed = [zlib.compress(row.tobytes(), 1) for row in totals]
         minutes = (epoch // 60).astype(np.int64)
         last_of_minute = np.flatnonzero(np.append(minutes[1:] != minutes[:-1], True))
@@ -253,8 +270,15 @@ class Command(BaseCommand):
             (target.pk, times[i], i + 1, float(peak[i]), packed[i]) for i in range(len(times))
         ]
         rollup_rows: list[tuple[Any, ...]] = [
-            (target.pk, minute_of(times[last]), times[last], k + 1, int(last - first + 1),
-             float(peak[first : last + 1].max()), packed[last])
+            (
+                target.pk,
+                minute_of(times[last]),
+                times[last],
+                k + 1,
+                int(last - first + 1),
+                float(peak[first : last + 1].max()),
+                packed[last],
+            )
             for k, (first, last) in enumerate(zip(first_of_minute, last_of_minute, strict=True))
         ]
         with transaction.atomic():
@@ -262,29 +286,35 @@ class Command(BaseCommand):
                 with connection.cursor() as cursor:
                     raw_cursor = cursor.cursor
                     with raw_cursor.copy(
-                        "COPY metrics_snapshot (target_id, ts, seq, peak_memory_bytes, \"values\") FROM STDIN"
+                        'COPY metrics_snapshot (target_id, ts, seq, peak_memory_bytes, "values") FROM STDIN'
                     ) as copy:
                         for row in snapshot_rows:
                             copy.write_row(row)
                     with raw_cursor.copy(
                         "COPY metrics_rollup (target_id, minute, last_ts, seq, num_samples, peak_memory_bytes, "
-                        "\"values\") FROM STDIN"
+                        '"values") FROM STDIN'
                     ) as copy:
                         for row in rollup_rows:
                             copy.write_row(row)
             else:
                 Snapshot.objects.bulk_create(
-                    [Snapshot(target_id=a, ts=b, seq=c, peak_memory_bytes=d, values=e) for a, b, c, d, e in snapshot_rows],
+                    [
+                        Snapshot(target_id=a, ts=b, seq=c, peak_memory_bytes=d, values=e)
+                        for a, b, c, d, e in snapshot_rows
+                    ],
                     batch_size=2000,
                 )
                 Rollup.objects.bulk_create(
-                    [Rollup(target_id=a, minute=b, last_ts=c, seq=d, num_samples=e, peak_memory_bytes=f, values=g)
-                     for a, b, c, d, e, f, g in rollup_rows],
+                    [
+                        Rollup(target_id=a, minute=b, last_ts=c, seq=d, num_samples=e, peak_memory_bytes=f, values=g)
+                        for a, b, c, d, e, f, g in rollup_rows
+                    ],
                     batch_size=2000,
                 )
         Target.objects.filter(pk=target.pk).update(
-            num_rollups=len(rollup_rows), rollup_minute=minute_of(times[-1]),
-            rollup_peak_bytes=float(peak[first_of_minute[-1]:].max()),
+            num_rollups=len(rollup_rows),
+            rollup_minute=minute_of(times[-1]),
+            rollup_peak_bytes=float(peak[first_of_minute[-1] :].max()),
             rollup_num_samples=int(last_of_minute[-1] - first_of_minute[-1] + 1),
         )
         return len(snapshot_rows)
@@ -297,11 +327,13 @@ class Command(BaseCommand):
             with connection.cursor() as cursor:
                 cursor.execute(
                     "SELECT pg_total_relation_size('metrics_snapshot'), pg_total_relation_size('metrics_rollup'), "
-                    "(SELECT avg(octet_length(\"values\")) FROM (SELECT \"values\" FROM metrics_snapshot LIMIT 5000) s)"
+                    '(SELECT avg(octet_length("values")) FROM (SELECT "values" FROM metrics_snapshot LIMIT 5000) s)'
                 )
                 snap_bytes, rollup_bytes, avg_blob = cursor.fetchone()
-            line += (f"; tables {snap_bytes / 2**20:.0f} MiB + {rollup_bytes / 2**20:.0f} MiB; "
-                     f"{snap_bytes / max(snapshots, 1):.0f} B per snapshot (vector {float(avg_blob or 0):.0f} B packed)")
+            line += (
+                f"; tables {snap_bytes / 2**20:.0f} MiB + {rollup_bytes / 2**20:.0f} MiB; "
+                f"{snap_bytes / max(snapshots, 1):.0f} B per snapshot (vector {float(avg_blob or 0):.0f} B packed)"
+            )
         self.stdout.write(line)
 
     # ---- timings ----------------------------------------------------------------------
@@ -346,8 +378,6 @@ class Command(BaseCommand):
         from django.test import RequestFactory
         from django_htmx.middleware import HtmxDetails
 
-        from dashboards.views_metrics import panel
-
         factory = RequestFactory()
         user = self._user()
         durations, cpu = [], []
@@ -380,15 +410,27 @@ class Command(BaseCommand):
         rng = np.random.default_rng(seed)
         client = APIClient()
         client.force_authenticate(self._user())
-        scrape_figures = ["ttft_p99", "memory_peak_to_mean", "prefill_wait_p99", "kv_fragmentation", "itl_p99",
-                          "stall_p99", "tpot_p99", "requests_per_second", "prefix_cache_hit_rate"]
+        scrape_figures = [
+            "ttft_p99",
+            "memory_peak_to_mean",
+            "prefill_wait_p99",
+            "kv_fragmentation",
+            "itl_p99",
+            "stall_p99",
+            "tpot_p99",
+            "requests_per_second",
+            "prefix_cache_hit_rate",
+        ]
         windows = ["1m", "5m", "15m", "1h", "6h", "24h"]
         groups = ["fleet", "cohort", "pool", "worker"]
         durations, cpu = [], []
         by_window: dict[str, list[float]] = {w: [] for w in windows}
         for i in range(count + 5):
-            params = {"figure": scrape_figures[i % len(scrape_figures)], "window": windows[i % len(windows)],
-                      "group_by": groups[int(rng.integers(len(groups)))]}
+            params = {
+                "figure": scrape_figures[i % len(scrape_figures)],
+                "window": windows[i % len(windows)],
+                "group_by": groups[int(rng.integers(len(groups)))],
+            }
             response, elapsed, cpu_elapsed = self._timed(lambda p=params: client.get("/api/v1/metrics/query", p))
             if response.status_code != 200:
                 raise CommandError(f"query {params} answered {response.status_code}: {response.content[:200]!r}")

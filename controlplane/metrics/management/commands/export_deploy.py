@@ -1,5 +1,6 @@
-"""``python manage.py export_deploy``: write the Grafana dashboard and the
-Prometheus rule file from the figure registry (``controlplane.metrics.deploy``)."""
+"""``python manage.py export_deploy``: write the Grafana dashboard, the
+Prometheus scrape config, rules and their unit tests, and the Alertmanager
+config from the figure registry (``controlplane.metrics.deploy``)."""
 
 from __future__ import annotations
 
@@ -13,15 +14,15 @@ from controlplane.metrics import deploy
 
 
 class Command(BaseCommand):
-    help = "Write deploy/grafana/chunkpilot.json and deploy/prometheus/rules.yml from the figure registry."
+    help = "Write deploy/ (Grafana dashboard, Prometheus config, rules and rule tests, Alertmanager config)."
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--out", type=Path, default=Path(settings.BASE_DIR) / "deploy")
 
     def handle(self, *args: Any, **opts: Any) -> None:
         out: Path = opts["out"]
-        for path, text in ((out / "grafana" / "chunkpilot.json", deploy.dashboard_json()),
-                           (out / "prometheus" / "rules.yml", deploy.rules_yaml())):
+        for relative, text in deploy.files().items():
+            path = out / relative
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
             self.stdout.write(f"wrote {path}")

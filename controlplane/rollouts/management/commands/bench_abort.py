@@ -26,7 +26,6 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,18 +34,19 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
 
-from controlplane.launcher import child, free_port, wait_http
+from controlplane.accounts.roles import Role, grant_role
+from controlplane.celery import app
+from controlplane.fleet.models import EnrollmentToken, Pool, Worker
+from controlplane.gateway import bus
+from controlplane.gateway.models import PoolSpec, RequestLog, RoutingTable
+from controlplane.launcher import child, free_port, wait_http, wait_until
+from controlplane.profiles.models import Profile
+from controlplane.rollouts.evaluator import Phase
+from controlplane.rollouts.models import Rollout
+from workers import contract
 
 GOAL_P99_MS = 1000.0
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise CommandError(f"{what}: not after {timeout:.0f}s")
-        time.sleep(interval)
+
 
 class _Rows:
     """The throwaway fleet: stable (2 workers) and canary (1) pools in one table."""
@@ -55,55 +55,61 @@ class _Rows:
         from django.contrib.auth import get_user_model
         from rest_framework.authtoken.models import Token
 
-        from controlplane.accounts.roles import Role, grant_role
-        from controlplane.fleet.models import EnrollmentToken, Pool, Worker
-        from controlplane.gateway.models import PoolSpec, RoutingTable
-        from controlplane.profiles.models import Profile
-        from workers import contract
-
         self.tag = tag
         self.profile = Profile.objects.create(name=tag)
         self.stable_revision = self.profile.add_revision({"prefill_mode": "monolithic", "max_num_batched_tokens": 512})
-        self.target_revision = self.profile.add_revision({"prefill_mode": "chunked", "max_num_batched_tokens": 256,
-                                                          "long_prefill_token_threshold": 64})
+        self.target_revision = self.profile.add_revision(
+            {"prefill_mode": "chunked", "max_num_batched_tokens": 256, "long_prefill_token_threshold": 64}
+        )
         self.pools = {role: Pool.objects.create(name=f"{tag}-{role}") for role in ("stable", "canary")}
         self.workers: list[Any] = []
         for role, count in (("stable", 2), ("canary", 1)):
             pool = self.pools[role]
             pool.set_desired_revision(self.stable_revision)
-            _, secret = EnrollmentToken.issue(tag, pool=pool, max_uses=count)
+            _, secret = EnrollmentToken.issue(tag, actor="system:bench", pool=pool, max_uses=count)
             for i in range(count):
-                req = contract.parse_register({
-                    "contract_version": contract.CONTRACT_VERSION, "enroll_token": secret, "name": f"{pool.name}-{i}",
-                    "url": "http://127.0.0.1:9", "engine_kind": "reference", "model": tag, "max_model_len": 512,
-                    "hardware": {}, "labels": {},
-                })
+                req = contract.parse_register(
+                    {
+                        "contract_version": contract.CONTRACT_VERSION,
+                        "enroll_token": secret,
+                        "name": f"{pool.name}-{i}",
+                        "url": "http://127.0.0.1:9",
+                        "engine_kind": "reference",
+                        "model": tag,
+                        "max_model_len": 512,
+                        "hardware": {},
+                        "labels": {},
+                    }
+                )
                 self.workers.append(Worker.register(req)[0])
         self.follow()
         self.table = RoutingTable.create_audited(tag, actor="bench")
-        self.table.configure([PoolSpec(self.pools["stable"], "stable", 10000),
-                              PoolSpec(self.pools["canary"], "canary", 0)], actor="bench")
+        self.table.configure(
+            [PoolSpec(self.pools["stable"], "stable", 10000), PoolSpec(self.pools["canary"], "canary", 0)],
+            actor="bench",
+        )
         self.user = get_user_model().objects.create_user(username=tag)
         grant_role(self.user, Role.OPERATOR)
         self.token = Token.objects.create(user=self.user).key
 
     def follow(self) -> None:
         """Each worker does what its agent would: run its desired revision, ready."""
-        from controlplane.fleet.models import Worker
-        from workers import contract
-
         for worker in Worker.objects.for_heartbeat().filter(pk__in=[w.pk for w in self.workers]):
-            worker.record_heartbeat(contract.parse_heartbeat({
-                "contract_version": contract.CONTRACT_VERSION, "state": "ready", "load": {},
-                "running_revision_id": worker.effective_desired_revision_id(), "running_profile": {},
-                "hardware": {}, "apply_error": None,
-            }))
+            worker.record_heartbeat(
+                contract.parse_heartbeat(
+                    {
+                        "contract_version": contract.CONTRACT_VERSION,
+                        "state": "ready",
+                        "load": {},
+                        "running_revision_id": worker.effective_desired_revision_id(),
+                        "running_profile": {},
+                        "hardware": {},
+                        "apply_error": None,
+                    }
+                )
+            )
 
     def delete(self) -> None:
-        from controlplane.fleet.models import Worker
-        from controlplane.gateway.models import RequestLog
-        from controlplane.rollouts.models import Rollout
-
         Rollout.objects.filter(routing_table=self.table).delete()
         RequestLog.objects.filter(model=self.tag).delete()
         self.table.delete()
@@ -124,8 +130,6 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from controlplane.celery import app
-
         tag = f"bench-abort-{uuid.uuid4().hex[:6]}"
         # A queue and a Redis namespace of their own: nobody else's gateways
         # or workers take part.
@@ -140,32 +144,73 @@ class Command(BaseCommand):
 
     def _child_env(self, tag: str) -> dict[str, str]:
         db = connection.settings_dict
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "CELERY_QUEUE": tag, "CHANNELS_PREFIX": tag,
-               "REDIS_URL": settings.REDIS_URL}
+        env = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            "CELERY_QUEUE": tag,
+            "CHANNELS_PREFIX": tag,
+            "REDIS_URL": settings.REDIS_URL,
+        }
         if db["ENGINE"].endswith("postgresql"):
             auth = db["USER"] + (f":{db['PASSWORD']}" if db.get("PASSWORD") else "")
             env["DATABASE_URL"] = f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
         return env
 
     def _run(self, rows: _Rows, workdir: Path, options: dict[str, Any]) -> None:
-        from controlplane.gateway import bus
-
         env = self._child_env(rows.tag)
         with contextlib.ExitStack() as stack:
             web_port = free_port()
             web_url = f"http://127.0.0.1:{web_port}"
-            web = stack.enter_context(child([sys.executable, "-m", "uvicorn", "controlplane.asgi:application",
-                                               "--port", str(web_port), "--log-level", "warning"],
-                                              workdir / "web.log", env))
-            celery = stack.enter_context(child(
-                [sys.executable, "-m", "celery", "-A", "controlplane", "worker", "--pool", "solo", "--loglevel",
-                 "WARNING", "--without-gossip", "--without-mingle", "-Q", rows.tag, "-n", f"{rows.tag}@%h"],
-                workdir / "celery.log", env))
+            web = stack.enter_context(
+                child(
+                    [
+                        sys.executable,
+                        "-m",
+                        "uvicorn",
+                        "controlplane.asgi:application",
+                        "--port",
+                        str(web_port),
+                        "--log-level",
+                        "warning",
+                    ],
+                    workdir / "web.log",
+                    env,
+                )
+            )
+            celery = stack.enter_context(
+                child(
+                    [
+                        sys.executable,
+                        "-m",
+                        "celery",
+                        "-A",
+                        "controlplane",
+                        "worker",
+                        "--pool",
+                        "solo",
+                        "--loglevel",
+                        "WARNING",
+                        "--without-gossip",
+                        "--without-mingle",
+                        "-Q",
+                        rows.tag,
+                        "-n",
+                        f"{rows.tag}@%h",
+                    ],
+                    workdir / "celery.log",
+                    env,
+                )
+            )
             for i in range(options["gateways"]):
                 port = free_port()
                 log = workdir / f"gateway-{i}.log"
-                gw = stack.enter_context(child([sys.executable, "manage.py", "rungateway", "--port", str(port),
-                                                  "--log-level", "warning"], log, env))
+                gw = stack.enter_context(
+                    child(
+                        [sys.executable, "manage.py", "rungateway", "--port", str(port), "--log-level", "warning"],
+                        log,
+                        env,
+                    )
+                )
                 wait_http(f"http://127.0.0.1:{port}/health", gw, log)
             wait_http(f"{web_url}/login/", web, workdir / "web.log")
             wait_until(lambda: len(bus.live_gateways()) == options["gateways"], 30, "every gateway registered")
@@ -176,18 +221,23 @@ class Command(BaseCommand):
             agents.start()
             stack.callback(agents.join, 5)
             stack.callback(stop.set)
-            self.stdout.write(f"{options['gateways']} gateways, web API, one Celery worker; {options['trials']} "
-                              f"aborts at canary 10%; {os.cpu_count()} CPUs")
+            self.stdout.write(
+                f"{options['gateways']} gateways, web API, one Celery worker; {options['trials']} "
+                f"aborts at canary 10%; {os.cpu_count()} CPUs"
+            )
             timings, api_ms = [], []
             self.reconciler_start: list[float] = []
-            with httpx.Client(base_url=f"{web_url}/api/v1", timeout=30,
-                              headers={"Authorization": f"Token {rows.token}"}) as client:
+            with httpx.Client(
+                base_url=f"{web_url}/api/v1", timeout=30, headers={"Authorization": f"Token {rows.token}"}
+            ) as client:
                 for trial in range(options["trials"]):
                     total, call = self._trial(rows, client, trial)
                     timings.append(total)
                     api_ms.append(call)
-                    self.stderr.write(f"trial {trial + 1}: {total * 1000:.1f} ms (API call {call * 1000:.1f} ms, "
-                                      f"reconciler started at {self.reconciler_start[-1] * 1000:.1f} ms)")
+                    self.stderr.write(
+                        f"trial {trial + 1}: {total * 1000:.1f} ms (API call {call * 1000:.1f} ms, "
+                        f"reconciler started at {self.reconciler_start[-1] * 1000:.1f} ms)"
+                    )
         self._report(timings, api_ms, options)
 
     def _agents(self, rows: _Rows, stop: threading.Event) -> None:
@@ -198,16 +248,17 @@ class Command(BaseCommand):
             connection.close()
 
     def _trial(self, rows: _Rows, client: httpx.Client, trial: int) -> tuple[float, float]:
-        from controlplane.gateway import bus
-        from controlplane.gateway.models import RoutingTable
-        from controlplane.rollouts.evaluator import Phase
-        from controlplane.rollouts.models import Rollout
-
-        reply = client.post("/rollouts/", json={
-            "model": rows.tag, "stable_pool": rows.pools["stable"].name, "canary_pool": rows.pools["canary"].name,
-            "target_revision": rows.target_revision.pk, "gate": {"enabled": False},
-            "steps": [{"set_weight": 1000}, {"pause": {}}],
-        })
+        reply = client.post(
+            "/rollouts/",
+            json={
+                "model": rows.tag,
+                "stable_pool": rows.pools["stable"].name,
+                "canary_pool": rows.pools["canary"].name,
+                "target_revision": rows.target_revision.pk,
+                "gate": {"enabled": False},
+                "steps": [{"set_weight": 1000}, {"pause": {}}],
+            },
+        )
         if reply.status_code != 201:
             raise CommandError(f"could not start a rollout: {reply.status_code} {reply.text}")
         rollout_id = reply.json()["id"]
@@ -243,14 +294,19 @@ class Command(BaseCommand):
             return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))] * 1000
 
         figures = {
-            "trials": len(timings), "gateways": options["gateways"],
-            "p50_ms": pct(timings, 0.5), "p99_ms": pct(timings, 0.99), "max_ms": max(timings) * 1000,
-            "api_call_p50_ms": pct(api_ms, 0.5), "reconciler_start_p50_ms": pct(self.reconciler_start, 0.5),
+            "trials": len(timings),
+            "gateways": options["gateways"],
+            "p50_ms": pct(timings, 0.5),
+            "p99_ms": pct(timings, 0.99),
+            "max_ms": max(timings) * 1000,
+            "api_call_p50_ms": pct(api_ms, 0.5),
+            "reconciler_start_p50_ms": pct(self.reconciler_start, 0.5),
         }
         self.stdout.write(
             f"abort API call → canary weight 0 acked by all {figures['gateways']} gateways ({figures['trials']} "
             f"trials): P50 {figures['p50_ms']:.1f} ms, P99 {figures['p99_ms']:.1f} ms, max {figures['max_ms']:.1f} ms "
             f"(goal: P99 <= {GOAL_P99_MS:.0f} ms); the API call itself P50 {figures['api_call_p50_ms']:.1f} ms, the "
-            f"reconciler's abort tick began at P50 {figures['reconciler_start_p50_ms']:.1f} ms")
+            f"reconciler's abort tick began at P50 {figures['reconciler_start_p50_ms']:.1f} ms"
+        )
         if options["json"]:
             self.stdout.write(json.dumps(figures))

@@ -1,0 +1,165 @@
+"""What the experiment pages show: the list, a workload's histograms, and
+one experiment live (progress, the results table with its spread, the
+plot, the recommendation), built once for the page, the htmx refresh and
+the websocket push alike."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.db.models import QuerySet
+from django.template.loader import render_to_string
+
+from controlplane.experiments.measure import FIGURES
+from controlplane.experiments.models import Arm, ArmStatus, Experiment, Phase, Workload
+from workers.replay import Histogram
+
+LIST_LIMIT = 200
+HISTOGRAM_BARS = 40
+# The results table's columns, in order (measure.FIGURES keys).
+TABLE_FIGURES = (
+    "output_throughput",
+    "goodput",
+    "capacity",
+    "ttft_p99",
+    "stall_p99",
+    "tbt_p99",
+    "memory_peak_bytes",
+    "memory_mean_bytes",
+    "prefill_wait_p99",
+    "kv_fragmentation_mean",
+    "preemptions",
+    "prefix_hit_share",
+)
+_FIGURE = {key: (label, unit, display) for key, label, unit, display in FIGURES}
+
+
+def base_queryset() -> QuerySet[Experiment]:
+    return Experiment.objects.select_related("workload", "created_by").prefetch_related("workers")
+
+
+def list_context() -> dict[str, Any]:
+    return {
+        "experiments": list(base_queryset()[:LIST_LIMIT]),
+        "workloads": list(Workload.objects.order_by("-created")[:50]),
+    }
+
+
+# ---- workloads ---------------------------------------------------------------------------
+
+
+def bars(h: Histogram, num_bars: int = HISTOGRAM_BARS) -> list[dict[str, Any]]:
+    """The fine buckets merged into about ``num_bars`` bars for display,
+    each with its share of the requests (the tail stays: bars are by
+    bucket index, and the buckets are log-spaced)."""
+    if not h.total:
+        return []
+    per = max(1, -(-len(h.counts) // num_bars))
+    top = 0.0
+    out = []
+    for i in range(0, len(h.counts), per):
+        count = sum(h.counts[i : i + per])
+        share = count / h.total
+        top = max(top, share)
+        out.append(
+            {"low": h.edges[i], "high": h.edges[min(i + per, len(h.counts))] - 1, "count": count, "share": share}
+        )
+    for bar in out:
+        bar["height"] = round(100 * bar["share"] / top, 1) if top else 0
+    return out
+
+
+def workload_context(workload: Workload) -> dict[str, Any]:
+    spec = workload.workload_spec()
+    return {
+        "workload": workload,
+        "spec": spec,
+        "prompt_bars": bars(spec.prompt_tokens),
+        "output_bars": bars(spec.output_tokens),
+        "prompt_p50": spec.prompt_tokens.quantile(0.5),
+        "prompt_p99": spec.prompt_tokens.quantile(0.99),
+        "output_p50": spec.output_tokens.quantile(0.5),
+        "output_p99": spec.output_tokens.quantile(0.99),
+        "spec_json": json.dumps({"spec": workload.spec}),
+    }
+
+
+# ---- one experiment ------------------------------------------------------------------------
+
+
+def _cell(arm: Arm, key: str) -> dict[str, Any]:
+    s = (arm.summary or {}).get(key) or {}
+    if key == "capacity" and not s and arm.capacity is not None:
+        s = {"mean": arm.capacity, "half_range": 0.0}
+    if not s and arm.results:  # an arm under way: its repeats so far
+        values = [r["figures"].get(key) for r in arm.results if r["figures"].get(key) is not None]
+        s = {"mean": sum(values) / len(values), "half_range": (max(values) - min(values)) / 2} if values else {}
+    label, unit, display = _FIGURE[key]
+    return {"key": key, "mean": s.get("mean"), "half_range": s.get("half_range"), "display": display}
+
+
+def plot_payload(arms: list[Arm]) -> dict[str, Any]:
+    """The plot: throughput and goodput against chunk size, TTFT P99 and
+    stall P99 on a second axis, the baseline's throughput and goodput as
+    flat lines."""
+
+    def mean(arm: Arm, key: str) -> float | None:
+        return ((arm.summary or {}).get(key) or {}).get("mean")
+
+    measured = [a for a in arms if a.status == ArmStatus.SUCCEEDED]
+    chunked = sorted((a for a in measured if a.chunk_size is not None), key=lambda a: a.chunk_size or 0)
+    baseline = next((a for a in measured if a.chunk_size is None), None)
+    xs = [a.chunk_size for a in chunked]
+    series = {key: [mean(a, key) for a in chunked] for key in ("output_throughput", "goodput", "ttft_p99", "stall_p99")}
+    return {
+        "x": xs,
+        "arms": [a.name for a in chunked],
+        **series,
+        "baseline": {k: mean(baseline, k) for k in ("output_throughput", "goodput", "ttft_p99", "stall_p99")}
+        if baseline
+        else None,
+    }
+
+
+def detail_context(experiment: Experiment, user_context: dict[str, Any] | None = None) -> dict[str, Any]:
+    arms = list(experiment.arms.select_related("revision__profile").order_by("index"))
+    rec = experiment.recommendation or {}
+    progress = experiment.progress or {}
+    running = not experiment.is_finished
+    columns = [k for k in TABLE_FIGURES if k != "capacity" or experiment.measures_capacity]
+    rows = [
+        {
+            "arm": a,
+            "cells": [_cell(a, k) for k in columns],
+            "is_winner": a.name == rec.get("winner"),
+            "broke": (rec.get("broke") or {}).get(a.name, []),
+        }
+        for a in arms
+    ]
+    return {
+        **(user_context or {}),
+        "experiment": experiment,
+        "arms": arms,
+        "rows": rows,
+        "columns": [{"key": k, "label": _FIGURE[k][0], "unit": _FIGURE[k][1]} for k in columns],
+        "progress": progress,
+        "running": running,
+        "recommendation": rec,
+        "num_done": sum(1 for a in arms if ArmStatus(a.status).finished),
+        "plot_json": json.dumps(plot_payload(arms)),
+        "can_abort": experiment.phase < Phase.RESTORING and not experiment.abort_requested,
+        "can_adopt": experiment.phase == Phase.SUCCEEDED and bool(rec.get("winner")),
+        "workers": sorted(w.name for w in experiment.workers.all()),
+    }
+
+
+def render_detail_push(experiment_id: int, user_context: dict[str, Any]) -> str | None:
+    experiment = base_queryset().filter(pk=experiment_id).first()
+    if experiment is None:
+        return None
+    return render_to_string("experiments/partials/live.html", {**detail_context(experiment, user_context), "oob": True})
+
+
+def render_list_push() -> str:
+    return render_to_string("experiments/partials/rows.html", {**list_context(), "oob": True})

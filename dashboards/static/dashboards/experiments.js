@@ -1,0 +1,65 @@
+// The experiment's plot: throughput and goodput against chunk size (two
+// left axes), TTFT P99 and stall P99 on the right, the monolithic baseline
+// as dashed flat lines. uPlot, fed from the JSON the live partial carries;
+// redrawn after each htmx swap of that partial. Without JavaScript the
+// results table has every figure.
+(function () {
+  var chart = null;
+
+  function payload() {
+    var src = document.getElementById("experiment-plot-data");
+    return src ? JSON.parse(src.textContent) : null;
+  }
+
+  function flat(value, n) {
+    var out = [];
+    for (var i = 0; i < n; i++) out.push(value);
+    return out;
+  }
+
+  function draw() {
+    var el = document.getElementById("experiment-plot");
+    var p = payload();
+    if (!el || !p || typeof uPlot === "undefined") return;
+    if (chart) { chart.destroy(); chart = null; }
+    el.querySelectorAll(".empty-plot").forEach(function (n) { n.remove(); });
+    if (!p.x.length) {
+      el.insertAdjacentHTML("beforeend", '<p class="muted small empty-plot">No chunked arm measured yet.</p>');
+      el.setAttribute("data-points", "0");
+      return;
+    }
+    var n = p.x.length;
+    var b = p.baseline || {};
+    var ms = function (u, v) { return v == null ? "—" : (v * 1000).toFixed(0) + " ms"; };
+    var series = [
+      { label: "chunk size", value: function (u, v) { return v == null ? "—" : v; } },
+      { label: "throughput (tok/s)", scale: "tok", stroke: "#2f5bd3", width: 2, points: { show: true } },
+      { label: "goodput (req/s)", scale: "req", stroke: "#1c7c4a", width: 2, points: { show: true } },
+      { label: "TTFT P99", scale: "s", stroke: "#d9480f", width: 1.5, value: ms, points: { show: true } },
+      { label: "stall P99", scale: "s", stroke: "#9c36b5", width: 1.5, value: ms, points: { show: true } },
+    ];
+    var data = [p.x, p.output_throughput, p.goodput, p.ttft_p99, p.stall_p99];
+    if (p.baseline) {
+      series.push({ label: "baseline throughput", scale: "tok", stroke: "#2f5bd3", dash: [6, 4], width: 1 });
+      series.push({ label: "baseline goodput", scale: "req", stroke: "#1c7c4a", dash: [6, 4], width: 1 });
+      data.push(flat(b.output_throughput, n), flat(b.goodput, n));
+    }
+    chart = new uPlot({
+      width: Math.max(320, el.clientWidth),
+      height: 300,
+      scales: { x: { time: false, distr: 3 }, tok: { auto: true }, req: { auto: true }, s: { auto: true } },
+      series: series,
+      axes: [
+        { label: "chunk size (tokens)", values: function (u, vals) { return vals.map(function (v) { return v; }); } },
+        { scale: "tok", label: "tok/s" },
+        { scale: "req", label: "req/s", side: 3, grid: { show: false } },
+        { scale: "s", label: "seconds", side: 1, grid: { show: false } },
+      ],
+    }, data, el);
+    el.setAttribute("data-points", String(n));
+  }
+
+  document.addEventListener("DOMContentLoaded", draw);
+  document.addEventListener("htmx:afterSettle", draw);
+  document.addEventListener("htmx:oobAfterSwap", draw);
+})();

@@ -1,0 +1,118 @@
+"""The metric pages render for viewers from stored scrapes, with every choice
+a plain link, and operators set goodput's objectives from the overview."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+from django.utils.html import escape
+
+from controlplane.audit.models import AuditEvent
+from controlplane.fleet.models import Pool, Worker
+from controlplane.metrics.models import ServiceObjectives
+from tests.controlplane.metrics.pages import Page, job, store
+
+pytestmark = pytest.mark.django_db
+
+TTFT = "vllm:time_to_first_token_seconds"
+
+
+def fill(now: Any) -> tuple[Worker, Worker]:
+    """Two workers, canary and stable, scraped every 5 s for the last 10 minutes."""
+    canary = Worker.objects.create(name="gpu-c", url="http://c.invalid", pool=Pool.objects.create(name="canary-pool"))
+    stable = Worker.objects.create(name="gpu-s", url="http://s.invalid", pool=Pool.objects.create(name="stable-pool"))
+    for i in range(120):
+        n = 1000 + 10 * i
+        pages = {}
+        for w, cohort, slow in ((canary, "canary", 1), (stable, "stable", 0)):
+            pages[job(w, cohort)] = Page(
+                counters={"vllm:request_success_total": n, "chunkpilot:memory_byte_seconds_total": 1e9 + 2e6 * i},
+                histograms={TTFT: ([(0.1, n - slow * i), (1.0, n), (float("inf"), n)], 0.05 * n)},
+                gauges={"chunkpilot:memory_recent_peak_bytes": 5e5},
+            )
+        store(now - timedelta(seconds=5 * (119 - i)), pages)
+    return canary, stable
+
+
+@pytest.mark.parametrize("path", ["/figures/", "/figures/panel/", "/figures/cohorts/", "/figures/lengths/"])
+def test_pages_send_visitors_without_a_session_to_log_in(path: str) -> None:
+    response = Client().get(path)
+    assert response.status_code == 302 and response["Location"].startswith("/login/")
+
+
+def test_panel_shows_the_four_figures_per_cohort_with_charts_and_plain_links(viewer_client: Client) -> None:
+    fill(timezone.now())
+    response = viewer_client.get("/figures/panel/?group_by=cohort&range=1h&window=5m")
+    assert response.status_code == 200
+    html = response.content.decode()
+    for chart in ("ttft", "memory", "prefill_wait", "kv_fragmentation"):
+        assert f'data-chart="{chart}"' in html and f'id="chart-data-{chart}"' in html
+    assert 'data-group="canary"' in html and 'data-group="stable"' in html
+    assert "vendor/uplot/dist/uPlot.iife.min.js" in html
+    assert 'href="?group_by=pool&amp;range=1h&amp;window=5m"' in html  # a choice without JavaScript
+    assert 'ws-connect="/ws/metrics/panel/?group_by=cohort&amp;range=1h&amp;window=5m"' in html
+    # canary: 1 in 10 requests over 0.1 s, so its TTFT P99 sits in (0.1, 1]; stable under 0.1 s.
+    canary_row = html.split('data-group="canary"', 1)[1].split("</tr>", 1)[0]
+    assert 'data-figure="ttft_p99">' in canary_row and "ms" in canary_row
+
+
+def test_htmx_asks_get_the_live_partial_alone(viewer_client: Client) -> None:
+    response = viewer_client.get("/figures/panel/", HTTP_HX_REQUEST="true")
+    html = response.content.decode()
+    assert html.lstrip().startswith('<div id="metrics-panel-live">') and "<html" not in html
+
+
+def test_cohort_page_puts_stable_and_canary_side_by_side_with_the_ratio(viewer_client: Client) -> None:
+    fill(timezone.now())
+    html = viewer_client.get("/figures/cohorts/").content.decode()
+    row = html.split('data-figure="requests_per_second"', 1)[1].split("</tr>", 1)[0]
+    assert 'data-cohort="stable"' in row and 'data-cohort="canary"' in row
+    assert "1.00×" in row  # same request rate in both cohorts
+    ttft = html.split('<tr data-figure="ttft_p99"', 1)[1].split("</tr>", 1)[0]
+    assert 'class="ratio worse"' in ttft  # the canary's TTFT P99 is higher: worse
+
+
+def test_length_table_lists_every_bucket_even_without_requests(viewer_client: Client) -> None:
+    html = viewer_client.get("/figures/lengths/").content.decode()
+    for bucket in ("<=512", "<=2K", "<=8K", "<=32K", ">32K"):
+        assert f'data-bucket="{escape(bucket)}"' in html
+    assert "—" in html  # no data, never 0
+
+
+def test_worker_page_shows_its_scrape_status_and_its_own_charts(viewer_client: Client) -> None:
+    canary, _ = fill(timezone.now())
+    html = viewer_client.get(f"/figures/worker/{canary.pk}/").content.decode()
+    assert "gpu-c" in html and 'class="badge ok">up' in html
+    assert f'ws-connect="/ws/metrics/worker/{canary.pk}/' in html and 'data-chart="ttft"' in html
+    assert viewer_client.get("/figures/worker/999999/").status_code == 404
+
+
+def test_overview_shows_fleet_state_and_goodput(viewer_client: Client) -> None:
+    fill(timezone.now())
+    html = viewer_client.get("/figures/").content.decode()
+    assert "<strong>2</strong> workers" in html and "2 answering scrapes" in html
+    assert 'data-figure="goodput"' in html and 'data-chart="throughput"' in html
+    assert "Save objectives" not in html  # a viewer cannot change them
+
+
+def test_an_operator_sets_the_objectives_and_the_change_is_audited(operator_client: Client) -> None:
+    response = operator_client.post("/figures/objectives/", {"ttft_seconds": "0.5", "tpot_seconds": "0.05"})
+    assert response.status_code == 302
+    assert ServiceObjectives.current().as_dict() == {"ttft_seconds": 0.5, "tpot_seconds": 0.05}
+    event = AuditEvent.objects.get(action="metrics.objectives")
+    assert event.after == {"ttft_seconds": 0.5, "tpot_seconds": 0.05}
+    assert operator_client.post("/figures/objectives/", {"ttft_seconds": "-1", "tpot_seconds": "x"}).status_code == 302
+    assert ServiceObjectives.current().ttft_seconds == 0.5
+
+
+def test_a_viewer_cannot_set_the_objectives(viewer_client: Client) -> None:
+    assert viewer_client.post("/figures/objectives/", {"ttft_seconds": "1", "tpot_seconds": "1"}).status_code == 403
+
+
+def test_nav_links_to_the_metric_pages(viewer_client: Client) -> None:
+    html = viewer_client.get("/figures/cohorts/").content.decode()
+    assert 'href="/figures/"' in html and 'href="/figures/panel/?' in html and 'href="/figures/lengths/?' in html
