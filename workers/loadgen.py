@@ -413,6 +413,9 @@ def meets_slos(record: RequestRecord, slos: dict[str, float]) -> bool:
     return True
 
 
+FAILURE_REASONS = 3
+
+
 def summarize(records: list[RequestRecord], duration_seconds: float, slos: dict[str, float]) -> dict[str, Any]:
     ok = [r for r in records if r.success]
     failed = [r for r in records if not r.success]
@@ -420,8 +423,12 @@ def summarize(records: list[RequestRecord], duration_seconds: float, slos: dict[
     output_tokens = sum(r.output_tokens for r in ok)
     good = [r for r in ok if meets_slos(r, slos)]
     status_counts: dict[str, int] = {}
+    reasons: list[str] = []  # the first few distinct ones, so a failure says why
     for r in failed:
         status_counts[str(r.status)] = status_counts.get(str(r.status), 0) + 1
+        reason = r.error or f"the stream ended with finish_reason {r.finish_reason}"
+        if reason not in reasons and len(reasons) < FAILURE_REASONS:
+            reasons.append(reason)
     return {
         "num_requests": len(records),
         "successful_requests": len(ok),
@@ -429,6 +436,7 @@ def summarize(records: list[RequestRecord], duration_seconds: float, slos: dict[
         "failed_before_first_byte": sum(1 for r in failed if not r.got_first_byte),
         "failed_after_first_byte": sum(1 for r in failed if r.got_first_byte),
         "failed_by_status": status_counts,
+        "failure_reasons": reasons,
         "duration_seconds": duration_seconds,
         "total_input_tokens": input_tokens,
         "total_output_tokens": output_tokens,

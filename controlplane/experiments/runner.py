@@ -483,6 +483,7 @@ def run_ramp(exp: Experiment, arm: Arm, workers: list[Worker], lease: Lease, num
             "attainment": client["slo_attainment"],
             "num_requests": client["num_requests"],
             "failed_requests": client["failed_requests"],
+            "failure_reasons": client["failure_reasons"],
             "goodput": client["goodput"],
             "output_throughput": client["output_throughput"],
             **{

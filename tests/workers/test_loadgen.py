@@ -172,6 +172,8 @@ def test_refusals_count_as_failures_before_the_first_byte():
     summary = result["summary"]
     assert summary["failed_requests"] == 2 and summary["failed_before_first_byte"] == 2
     assert summary["failed_by_status"] == {"429": 2}
+    [reason] = summary["failure_reasons"]  # the two refusals say the same
+    assert json.loads(reason)["error"]["type"] == "rate_limit_error", reason
     assert not any(h.get(SESSION_HEADER) for h in seen)  # no --sticky-keys, no header
 
 
