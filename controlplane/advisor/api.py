@@ -4,7 +4,9 @@
     GET /api/v1/advisor/reports/{scope}/[?window=1h]  one in full: a pool's name or "fleet"; with a window,
                                                       computed now over it (not kept)
 
-Bad input answers 400 naming the parameter; an unknown pool 404.
+Bad input answers 400 naming the parameter; an unknown pool 404; a metrics
+backend that does not answer (Prometheus down or slow) 503, as the metrics
+API does.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from rest_framework.views import APIView
 from controlplane.advisor.models import FLEET, AdvisorReport, compute
 from controlplane.fleet.models import Pool
 from controlplane.metrics import query
+from controlplane.metrics.api import unavailable
 
 
 def brief(report: AdvisorReport) -> dict[str, object]:
@@ -59,11 +62,16 @@ class ReportView(APIView):
             if pool is None:
                 return Response({"scope": [f"no pool named {scope!r}"]}, status=404)
         text = request.query_params.get("window")
+        window = 0.0
         if text:
             try:
                 window = query.check_window(query.parse_duration(text, "window"))
             except query.QueryError as exc:
                 return Response({exc.field: [exc.message]}, status=400)
-            return Response({**compute(pool, window, timezone.now()), "kept": False})
-        report = AdvisorReport.objects.filter(scope=scope).first() or AdvisorReport.refresh(pool)
+        try:
+            if text:
+                return Response({**compute(pool, window, timezone.now()), "kept": False})
+            report = AdvisorReport.objects.filter(scope=scope).first() or AdvisorReport.refresh(pool)
+        except query.BackendUnavailable as exc:
+            return unavailable(exc)
         return Response({**report.body, "kept": True, **brief(report)})

@@ -1,18 +1,22 @@
 """The advisor's inputs, gathered from live figures for one pool (or the
-fleet) over a window: the metrics layer's stored scrapes, the gateway's
-request log and the fleet's registry. ``verdicts.py`` judges them.
+fleet) over a window: the metrics backend (``METRICS_BACKEND``: the control
+plane's stored scrapes, or Prometheus), the gateway's request log and the
+fleet's registry. ``verdicts.py`` judges them.
 
 What comes from where:
 
-* windowed figures (queue P99, memory peak/mean, preemptions, the decode-gap
-  histograms, prefill time per token, throughput, stalls): one read of the
-  window's first and last snapshot per worker (``metrics.query.point_windows``)
-  and the figure registry's arithmetic;
+* windowed figures (queue P99, memory peak/mean, the decode-gap quantiles,
+  prefill time per token, throughput, stalls): the query layer
+  (``metrics.query.query_many``), so each backend computes them as every
+  page does; the counter totals beside them (preemptions, decode gaps
+  counted) from the window's first and last snapshot per worker, or
+  Prometheus's ``increase()``;
 * per-scrape samples (waiting and running requests, KV usage, the memory
-  peak, preemptions and long-prefill steps between scrapes): raw snapshots
-  for windows up to ten minutes, else minute rollups at evenly spaced minutes
-  (at most ``MAX_SAMPLES_PER_WORKER`` per worker: a 24-h window is a sample
-  of its minutes, not all 1440 of them);
+  peak, preemptions and long-prefill steps between scrapes): every scrape
+  for windows up to ten minutes (raw snapshots, or the raw samples
+  Prometheus stored), else evenly spaced ones (minute rollups, or a
+  ``query_range`` step), at most ``MAX_SAMPLES_PER_WORKER`` per worker: a
+  24-h window is a sample of its minutes, not all 1440 of them;
 * prompt lengths, cached tokens and TTFTs: the gateway's log rows of the
   window, at most ``MAX_REQUEST_ROWS``: the newest of each tenth of the window;
 * memory facts: the workers' own gauges (weights, KV bytes per token,
@@ -50,7 +54,8 @@ from controlplane.advisor.verdicts import (
 )
 from controlplane.fleet.models import Pool, Worker
 from controlplane.gateway.models import RequestLog, RoutingPool
-from controlplane.metrics import figures, query
+from controlplane.metrics import backends, catalogue, query
+from controlplane.metrics.backends import FLEET
 from controlplane.metrics.figures import GAP_LONG, GAP_OTHER, Group
 from controlplane.metrics.models import Rollup, SeriesLayout, Snapshot, Target, minute_of, unpack
 from workers.figures import LONG_PREFILL_TOKENS, percentile
@@ -62,6 +67,17 @@ RAW_SAMPLE_WINDOW_SECONDS = 600.0
 SAMPLE_GAUGES = ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc")
 SAMPLE_COUNTERS = ("vllm:num_preemptions_total", "chunkpilot:long_prefill_steps_total")
 FACT_GAUGES = ("chunkpilot:weight_bytes", "chunkpilot:kv_bytes_per_token", "chunkpilot:activation_bytes_per_token")
+SAMPLE_KEYS = (*SAMPLE_GAUGES, *SAMPLE_COUNTERS, *FACT_GAUGES)
+WINDOW_FIGURES = (
+    "decode_gap_long_prefill_p99",
+    "decode_gap_other_p99",
+    "queue_time_p99",
+    "memory_peak_to_mean",
+    "output_tokens_per_second",
+    "stall_p99",
+    "prefill_seconds_per_token",
+)
+WINDOW_TOTALS = (f"{GAP_LONG}_count", f"{GAP_OTHER}_count", "vllm:num_preemptions_total")
 
 
 def thresholds() -> Thresholds:
@@ -96,26 +112,35 @@ def _value(values: np.ndarray) -> float | None:
 
 @dataclass
 class _Window:
-    """One window's figures for one selector, read once."""
+    """One window's figures and counter totals for one selector, read once."""
 
-    group: Group | None
+    figures: dict[str, float | None]
+    totals: dict[str, float | None]
+    num_workers: int
 
     def figure(self, name: str) -> float | None:
-        if self.group is None:
-            return None
-        return _value(figures.get(name).from_group(self.group))
+        return self.figures.get(name)
 
     def total(self, key: str) -> float | None:
-        return None if self.group is None else _value(self.group.sum_key(key))
-
-    @property
-    def num_workers(self) -> int:
-        return 0 if self.group is None else len(self.group.targets)
+        return self.totals.get(key)
 
 
 def _window(now: datetime, window: float, selector: Mapping[str, str]) -> _Window:
+    values = query.query_many(WINDOW_FIGURES, window, FLEET, selector, now)
+    read = {name: by.get(FLEET) for name, by in values.items()}
+    source = query.backend()
+    if isinstance(source, backends.Prometheus):
+        at = now.timestamp()
+        return _Window(
+            read,
+            source.increases(WINDOW_TOTALS, window, selector, at),
+            source.count_workers("vllm:num_requests_running", window, selector, at),
+        )
     loaded = query.point_windows(np.array([now.timestamp()]), window, selector, True)
-    return _Window(Group(loaded, 1) if loaded else None)
+    if not loaded:
+        return _Window(read, dict.fromkeys(WINDOW_TOTALS), 0)
+    group = Group(loaded, 1)
+    return _Window(read, {key: _value(group.sum_key(key)) for key in WINDOW_TOTALS}, len(group.targets))
 
 
 # ---- per-scrape samples ------------------------------------------------------------
@@ -127,17 +152,37 @@ class _SampleRows:
     facts: dict[str, list[float]]  # each fact gauge's newest value per worker
 
 
+@dataclass
+class _WorkerSamples:
+    """One worker's samples: per series key (and ``PEAK``), one value per sample."""
+
+    worker: int
+    seats: float  # its profile's max_num_seqs; NaN: unknown
+    columns: dict[str, np.ndarray]
+
+
+PEAK = "peak"
+
+
+def _seats(worker: Worker | None) -> float:
+    return float((worker.running_profile.get("max_num_seqs") if worker else None) or math.nan)
+
+
 def _samples(now: datetime, window: float, selector: Mapping[str, str]) -> _SampleRows:
+    source = query.backend()
+    if isinstance(source, backends.Prometheus):
+        return _assemble(_samples_from_prometheus(source, now, window, selector))
+    return _assemble(_samples_from_database(now, window, selector))
+
+
+def _samples_from_database(now: datetime, window: float, selector: Mapping[str, str]) -> list[_WorkerSamples]:
     end = now.timestamp()
     start = end - window
     targets = Target.objects.filter(last_at__gt=_dt(start), first_at__lte=now)
     if "pool" in selector:
         targets = targets.filter(pool_name=selector["pool"])
     by_id = {t.pk: t for t in targets.only("id", "worker_id", "layout_id")}
-    seats = {
-        w.pk: float(w.running_profile.get("max_num_seqs") or math.nan)
-        for w in Worker.objects.filter(pk__in=[t.worker_id for t in by_id.values() if t.worker_id])
-    }
+    workers = Worker.objects.in_bulk([t.worker_id for t in by_id.values() if t.worker_id])
     rows: list[tuple[int, float | None, Any]]
     if window <= RAW_SAMPLE_WINDOW_SECONDS:
         rows = list(
@@ -155,11 +200,7 @@ def _samples(now: datetime, window: float, selector: Mapping[str, str]) -> _Samp
             .order_by("target_id", "minute")
             .values_list("target_id", "peak_memory_bytes", "values")
         )
-    # Per worker: its rows' vectors stacked, each series one column read at once.
-    columns: dict[str, list[np.ndarray]] = {
-        k: [] for k in ("worker", "peak", "seats", *SAMPLE_GAUGES, *SAMPLE_COUNTERS)
-    }
-    facts: dict[str, list[float]] = {k: [] for k in FACT_GAUGES}
+    out = []
     for target_id, group in itertools.groupby(rows, key=lambda row: row[0]):
         target = by_id[target_id]
         layout = SeriesLayout.layout_by_id(target.layout_id)
@@ -167,21 +208,51 @@ def _samples(now: datetime, window: float, selector: Mapping[str, str]) -> _Samp
         if not kept:
             continue
         vectors = np.vstack([v for _, v in kept])
-        n = len(vectors)
+        columns = {
+            key: vectors[:, i] if (i := layout.index.get(key)) is not None else np.full(len(vectors), math.nan)
+            for key in SAMPLE_KEYS
+        }
+        columns[PEAK] = np.array([math.nan if p is None else p for p, _ in kept], dtype=np.float64)
+        out.append(_WorkerSamples(target_id, _seats(workers.get(target.worker_id or 0)), columns))
+    return out
 
-        def column(key: str, v: np.ndarray = vectors, index: dict[str, int] = layout.index) -> np.ndarray:
-            i = index.get(key)
-            return v[:, i] if i is not None else np.full(len(v), math.nan)
 
-        columns["worker"].append(np.full(n, target_id))
-        columns["peak"].append(np.array([math.nan if p is None else p for p, _ in kept], dtype=np.float64))
-        columns["seats"].append(np.full(n, seats.get(target.worker_id or 0, math.nan)))
+def _samples_from_prometheus(
+    source: backends.Prometheus, now: datetime, window: float, selector: Mapping[str, str]
+) -> list[_WorkerSamples]:
+    """As from the database: every scrape for windows up to ten minutes, else
+    at most ``MAX_SAMPLES_PER_WORKER`` evenly spaced (a minute apart at least,
+    as the database's minute rollups)."""
+    end = now.timestamp()
+    step = None if window <= RAW_SAMPLE_WINDOW_SECONDS else max(60.0, window / MAX_SAMPLES_PER_WORKER)
+    found = source.samples((*SAMPLE_KEYS, catalogue.PEAK_MEMORY), selector, end - window, end, step)
+    workers = {w.name: w for w in Worker.objects.filter(name__in=list(found))}
+    out = []
+    for i, (name, (_times, columns)) in enumerate(sorted(found.items())):
+        worker = workers.get(name)
+        columns[PEAK] = columns.pop(catalogue.PEAK_MEMORY)
+        out.append(_WorkerSamples(worker.pk if worker else -1 - i, _seats(worker), columns))
+    return out
+
+
+def _assemble(workers: list[_WorkerSamples]) -> _SampleRows:
+    """The workers' samples as one table, each counter as its increase since
+    the worker's previous sample."""
+    columns: dict[str, list[np.ndarray]] = {k: [] for k in ("worker", "seats", PEAK, *SAMPLE_GAUGES, *SAMPLE_COUNTERS)}
+    facts: dict[str, list[float]] = {k: [] for k in FACT_GAUGES}
+    for w in workers:
+        n = len(w.columns[PEAK])
+        if not n:
+            continue
+        columns["worker"].append(np.full(n, w.worker))
+        columns["seats"].append(np.full(n, w.seats))
+        columns[PEAK].append(w.columns[PEAK])
         for key in SAMPLE_GAUGES:
-            columns[key].append(column(key))
+            columns[key].append(w.columns[key])
         for key in SAMPLE_COUNTERS:
-            columns[key].append(np.concatenate([[math.nan], np.diff(column(key))]))
+            columns[key].append(np.concatenate([[math.nan], np.diff(w.columns[key])]))
         for key in FACT_GAUGES:
-            newest = column(key)[-1]
+            newest = w.columns[key][-1]
             if math.isfinite(newest):
                 facts[key].append(float(newest))
 
@@ -194,7 +265,7 @@ def _samples(now: datetime, window: float, selector: Mapping[str, str]) -> _Samp
         running=joined("vllm:num_requests_running"),
         kv_usage=joined("vllm:kv_cache_usage_perc"),
         max_num_seqs=joined("seats"),
-        memory_peak_bytes=joined("peak"),
+        memory_peak_bytes=joined(PEAK),
         preemptions_delta=joined("vllm:num_preemptions_total"),
         long_prefill_steps_delta=joined("chunkpilot:long_prefill_steps_total"),
     )

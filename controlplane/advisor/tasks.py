@@ -1,18 +1,28 @@
 """Beat keeps the last advisor report per pool and for the fleet, so the
-page opens at once; a round still queued when the next is due expires."""
+page opens at once; a round still queued when the next is due expires. A
+round that cannot read the metrics backend keeps the last reports."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from controlplane.advisor import conf
 from controlplane.advisor.models import AdvisorReport
 from controlplane.celery import app
+from controlplane.metrics.query import BackendUnavailable
+
+log = logging.getLogger(__name__)
 
 
 @app.task(name="advisor.refresh")
-def refresh() -> dict[str, int]:
-    return {"reports": AdvisorReport.refresh_all()}
+def refresh() -> dict[str, Any]:
+    try:
+        return {"reports": AdvisorReport.refresh_all()}
+    except BackendUnavailable as exc:
+        # Prometheus down or slow: the kept reports stay as they are until a round can read it.
+        log.warning("advisor round skipped: %s", exc)
+        return {"reports": 0, "unavailable": exc.reason}
 
 
 @app.on_after_finalize.connect

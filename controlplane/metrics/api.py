@@ -52,7 +52,7 @@ def _bad(exc: query.QueryError) -> Response:
     return Response({exc.field: [exc.message]}, status=400)
 
 
-def _unavailable(exc: query.BackendUnavailable) -> Response:
+def unavailable(exc: query.BackendUnavailable) -> Response:
     """Prometheus down or slow: an outage of the metrics backend, not a bug (one log line, no traceback)."""
     log.warning("%s", exc)
     return outages.quiet(
@@ -120,7 +120,7 @@ class QueryView(APIView):
         except query.QueryError as exc:
             return _bad(exc)
         except query.BackendUnavailable as exc:
-            return _unavailable(exc)
+            return unavailable(exc)
         f = args["figure"]
         return Response(
             {
@@ -166,7 +166,7 @@ class QueryRangeView(APIView):
         except query.QueryError as exc:
             return _bad(exc)
         except query.BackendUnavailable as exc:
-            return _unavailable(exc)
+            return unavailable(exc)
         f = args["figure"]
         return Response(
             {

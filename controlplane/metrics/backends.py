@@ -30,12 +30,14 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 import httpx
+import numpy as np
 
 from controlplane.metrics import conf, deploy
 from controlplane.metrics.figures import Figure
 from controlplane.metrics.promql import Floats
 
 Series = dict[str, dict[str, list[float | None]]]  # figure → group → one value per point
+WorkerSamples = dict[str, tuple[np.ndarray, dict[str, np.ndarray]]]  # worker → (times, key → values)
 UNAVAILABLE = "metrics backend unavailable"
 DATABASE, PROMETHEUS = "database", "prometheus"
 FLEET = "fleet"
@@ -203,6 +205,61 @@ class Prometheus:
         if group_by == FLEET:
             series.setdefault(FLEET, [None] * len(points))
         return dict(sorted(series.items()))
+
+    # ---- raw series, for readers that judge samples, not figures (the advisor) ----
+
+    def _selection(self, keys: Sequence[str], selector: Mapping[str, str]) -> str:
+        names = "|".join(sorted(keys))  # series names: [a-z_:] only, nothing to escape
+        return f'{{__name__=~"{names}"{", " + _matchers(selector) if selector else ""}}}'
+
+    def samples(
+        self, keys: Sequence[str], selector: Mapping[str, str], start: float, end: float, step: float | None = None
+    ) -> WorkerSamples:
+        """The series ``keys`` of each worker ``selector`` picks, in (start, end]:
+        every stored sample (``step`` None), or the value at each ``step``
+        back from ``end``. Per worker label: the sample times and, per key,
+        one value per time (NaN where that series has none)."""
+        selection = self._selection(keys, selector)
+        if step is None:
+            data = self.api("query", {"query": f"{selection}[{promql_duration(end - start)}]", "time": f"{end:.3f}"})
+        else:
+            first = end - step * max(0, math.floor((end - start) / step - 1e-9))
+            params = {"query": selection, "start": f"{first:.3f}", "end": f"{end:.3f}", "step": f"{step:.3f}"}
+            data = self.api("query_range", params)
+        found: dict[str, dict[str, dict[float, float]]] = {}
+        for item in data["result"]:
+            by_time = found.setdefault(item["metric"].get("worker", ""), {}).setdefault(item["metric"]["__name__"], {})
+            for t, text in item["values"]:
+                by_time[round(float(t), 3)] = float(text)
+        out: WorkerSamples = {}
+        for worker, series in found.items():
+            times = sorted({t for by_time in series.values() for t in by_time})
+            out[worker] = (
+                np.array(times, dtype=np.float64),
+                {k: np.array([series.get(k, {}).get(t, math.nan) for t in times], dtype=np.float64) for k in keys},
+            )
+        return out
+
+    def increases(
+        self, keys: Sequence[str], window: float, selector: Mapping[str, str], at: float
+    ) -> dict[str, float | None]:
+        """``sum(increase(key[window]))`` over what ``selector`` picks, per
+        counter key; None where no series had data."""
+        sel = f"{{{_matchers(selector)}}}" if selector else ""
+        duration = promql_duration(window)
+
+        def one(key: str) -> float | None:
+            result = self.api("query", {"query": f"sum(increase({key}{sel}[{duration}]))", "time": f"{at:.3f}"})
+            return _value(result["result"][0]["value"][1]) if result["result"] else None
+
+        return dict(zip(keys, _pool().map(one, keys), strict=True))
+
+    def count_workers(self, key: str, window: float, selector: Mapping[str, str], at: float) -> int:
+        """How many workers served ``key`` within the window."""
+        sel = f"{{{_matchers(selector)}}}" if selector else ""
+        expr = f"count(count by (worker) (last_over_time({key}{sel}[{promql_duration(window)}])))"
+        result = self.api("query", {"query": expr, "time": f"{at:.3f}"})["result"]
+        return int(float(result[0]["value"][1])) if result else 0
 
 
 _prometheus: dict[tuple[str, float], Prometheus] = {}

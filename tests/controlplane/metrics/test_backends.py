@@ -5,18 +5,21 @@
   by Debian's Prometheus with the shipped config (through the control
   plane's HTTP service discovery); the same rollout analysis, run once on
   each backend over the same window, reaches the same verdict, metric by
-  metric.
+  metric; and the advisor, reading its windows, counters and per-scrape
+  samples through each backend, reads alike and answers the same.
 * Every scraped figure of the registry compiles to PromQL a real
   Prometheus accepts, for every grouping and with a selector, in one
   window and as a series.
 * A Prometheus that stops answering (killed) or answers too slowly makes
   the analysis inconclusive, never failed; the API answers 503 and the
-  pages say "metrics backend unavailable"; the control plane scrapes
-  nothing while Prometheus is the backend.
+  pages say "metrics backend unavailable" (the advisor's too, and beat's
+  advisor round keeps what it had); the control plane scrapes nothing while
+  Prometheus is the backend.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import socket
@@ -31,8 +34,13 @@ import pytest
 from django.test import override_settings
 from django.urls import reverse
 
+from controlplane.advisor import inputs
+from controlplane.advisor import tasks as advisor_tasks
+from controlplane.advisor.models import AdvisorReport, compute
+from controlplane.advisor.verdicts import Inputs
 from controlplane.alerts import evaluation
 from controlplane.alerts.models import AlertRule
+from controlplane.fleet.models import Pool, Worker
 from controlplane.metrics import backends, deploy, figures, query, tasks
 from controlplane.metrics.models import ScrapeRound
 from controlplane.rollouts import measure
@@ -61,6 +69,45 @@ RULES = tuple(
     for kind, ratio in (("lenient", 50.0), ("strict", 1.0))
 )
 SPEC = RunSpec(metrics=RULES, interval_seconds=60, count=1, window_seconds=60, inconclusive_limit=0)
+
+
+# The advisor's thresholds lowered to what two tiny workers' minute reaches, so its
+# answers rest on the figures read (an operator would set them for a small fleet).
+ADVISOR_SETTINGS = {"ADVISOR_MIN_SAMPLES": 10, "ADVISOR_MIN_GAPS": 10, "ADVISOR_MIN_REQUESTS": 10}
+
+
+def answers(report: dict[str, Any]) -> dict[str, str]:
+    return {f["key"]: f["answer"] for f in [*report["questions"], report["head_of_line"], *report["tuning"]]}
+
+
+def compare_advisor_inputs(db: Inputs, prom: Inputs, pool: Pool) -> None:
+    """What the advisor read for one pool on each backend, scraped independently at
+    the same interval: the same workers' facts exactly, counters and rates within a
+    few percent (Prometheus extrapolates increase() to the window's edges), and
+    per-scrape samples alike in number and in their extremes."""
+    detail = f"{pool.name}:\n database   {db}\n prometheus {prom}"
+    print(detail)
+    exact = dataclasses.replace(db.engine, prefill_seconds_per_token=None)
+    assert dataclasses.replace(prom.engine, prefill_seconds_per_token=None) == exact, detail
+    assert exact.weight_bytes and exact.kv_bytes_per_token and exact.activation_bytes_per_token, detail
+    assert prom.engine.prefill_seconds_per_token == pytest.approx(db.engine.prefill_seconds_per_token, rel=0.1)
+    a, b = db.samples, prom.samples
+    assert len(a.running) >= 20 and abs(len(b.running) - len(a.running)) <= 0.2 * len(a.running), detail
+    assert set(b.worker) == {w.pk for w in Worker.objects.filter(pool=pool)}, detail
+    assert np.array_equal(np.unique(b.max_num_seqs), np.unique(a.max_num_seqs), equal_nan=True), detail
+    assert max(b.memory_peak_bytes) == max(a.memory_peak_bytes), detail
+    assert max(b.running) == max(a.running) and np.mean(b.running) == pytest.approx(np.mean(a.running), abs=0.5)
+    assert np.nansum(b.long_prefill_steps_delta) == pytest.approx(np.nansum(a.long_prefill_steps_delta), rel=0.1)
+    assert (prom.gaps.num_long_prefill, prom.gaps.num_other) == pytest.approx(
+        (db.gaps.num_long_prefill, db.gaps.num_other), rel=0.05, abs=2
+    ), detail
+    assert prom.gaps.approximate is False and db.gaps.approximate is False
+    assert prom.num_preemptions == pytest.approx(db.num_preemptions, rel=0.05, abs=1), detail
+    assert prom.memory_peak_to_mean == pytest.approx(db.memory_peak_to_mean, rel=0.05), detail
+    assert prom.pool is not None and db.pool is not None
+    assert prom.pool.output_tokens_per_second_per_worker == pytest.approx(
+        db.pool.output_tokens_per_second_per_worker, rel=0.05
+    ), detail
 
 
 def prometheus_backend(url: str, timeout_seconds: float = 5.0) -> Any:
@@ -189,6 +236,23 @@ def test_the_same_analysis_on_each_backend_over_the_same_traffic_reaches_the_sam
         assert {g["labels"]["cohort"] for g in db_groups} == {"stable", "canary"}
         assert [g["value"] for g in prom_groups] == pytest.approx([g["value"] for g in db_groups], rel=0.02)
 
+        # The advisor reads its windows, counters and per-scrape samples through Prometheus too.
+        pools = {"stable": fleet.stable, "canary": fleet.canary}
+        with override_settings(**ADVISOR_SETTINGS):
+            db_inputs = {n: inputs.gather(p, spec.window_seconds, now) for n, p in pools.items()}
+            db_reports = {n: answers(compute(p, spec.window_seconds, now)) for n, p in pools.items()}
+            with prometheus_backend(prom.url):
+                prom_inputs = {n: inputs.gather(p, spec.window_seconds, now) for n, p in pools.items()}
+                prom_reports = {n: answers(compute(p, spec.window_seconds, now)) for n, p in pools.items()}
+        for name in pools:
+            compare_advisor_inputs(db_inputs[name], prom_inputs[name], pools[name])
+        assert prom_reports == db_reports
+        # The answers that rest on per-scrape samples are answers, not "not enough data" (the
+        # request log, which stays on the database, is empty: these workers have no gateway in front;
+        # no prompt is long enough for head-of-line blocking, whose gap counts are compared above).
+        for name in pools:
+            assert {prom_reports[name]["concurrency"], prom_reports[name]["memory"]} <= {"yes", "no"}, prom_reports
+
         # Prometheus stops answering: the same analysis is inconclusive, never failed.
         prom.proc.stop()
         with prometheus_backend(prom.url):
@@ -272,6 +336,15 @@ def test_a_slow_prometheus_makes_the_analysis_inconclusive_and_the_pages_say_so(
         assert lengths.status_code == 200 and "Metrics backend unavailable" not in lengths.content.decode()
         exact = viewer_client.get("/api/v1/metrics/query/", {"figure": "client_ttft_p99", "window": "5m"})
         assert exact.status_code == 200, exact.content
+        # The advisor reads the same backend: its API, its page and beat's round say so, and keep nothing.
+        pool = fleet.stable.name
+        advice = viewer_client.get(f"/api/v1/advisor/reports/{pool}/", {"window": "15m"})
+        assert advice.status_code == 503 and advice.json()["unavailable"] == "metrics_backend", advice.content
+        page = viewer_client.get(reverse("advisor-report", args=[pool]), {"window": "1h"})
+        assert page.status_code == 503 and "Metrics backend unavailable" in page.content.decode()
+        skipped = advisor_tasks.refresh()
+        assert skipped["reports"] == 0 and "did not answer within 0.3 s" in skipped["unavailable"], skipped
+        assert not AdvisorReport.objects.exists()
 
 
 @pytest.mark.django_db
