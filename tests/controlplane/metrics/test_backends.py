@@ -244,9 +244,14 @@ def test_the_same_analysis_on_each_backend_over_the_same_traffic_reaches_the_sam
             with prometheus_backend(prom.url):
                 prom_inputs = {n: inputs.gather(p, spec.window_seconds, now) for n, p in pools.items()}
                 prom_reports = {n: answers(compute(p, spec.window_seconds, now)) for n, p in pools.items()}
+                # Past ten minutes the samples are query_range steps, a minute apart; the newest
+                # step sees the traffic's last scrapes (Prometheus looks back five minutes).
+                stepped = inputs.gather(fleet.stable, 1800, now).samples
         for name in pools:
             compare_advisor_inputs(db_inputs[name], prom_inputs[name], pools[name])
         assert prom_reports == db_reports
+        assert 1 <= len(stepped.running) <= 30 and set(stepped.worker) == {w.pk for w in fleet.workers["stable"]}
+        assert max(stepped.memory_peak_bytes) > 0, stepped
         # The answers that rest on per-scrape samples are answers, not "not enough data" (the
         # request log, which stays on the database, is empty: these workers have no gateway in front;
         # no prompt is long enough for head-of-line blocking, whose gap counts are compared above).
