@@ -51,7 +51,8 @@ PANEL_CHARTS: tuple[Chart, ...] = (
     Chart("prefill_wait", "Prefill wait (mean, P99)", ("prefill_wait_mean", "prefill_wait_p99")),
     Chart("kv_fragmentation", "KV fragmentation", ("kv_fragmentation",)),
 )
-PANEL_TABLE = ("ttft_p99", "memory_peak_to_mean", "prefill_wait_mean", "prefill_wait_p99", "kv_fragmentation")
+# The charts' figures, in their order: the table's panel columns are the charts' newest points.
+PANEL_TABLE = tuple(n for chart in PANEL_CHARTS for n in chart.figures)
 BESIDE = (
     "itl_p99",
     "stall_p99",
@@ -182,13 +183,12 @@ def chart_payload(
 
 def panel_context(view: View, now: datetime | None = None) -> dict[str, Any]:
     """The four charts and the table beside them. The table is the window
-    ending now, which is also each chart's newest point (read once), so the
-    table and the charts' right edge always agree."""
+    ending now: its panel figures are the charts' newest points (the same
+    numbers, not read again), the figures beside them one read of that window."""
     now = now or timezone.now()
-    chart_names = tuple(n for chart in PANEL_CHARTS for n in chart.figures)
     with query.shared_reads():
         results = query.query_range_many(
-            chart_names,
+            PANEL_TABLE,
             view.window_seconds,
             view.group_by,
             view.selector,
@@ -196,9 +196,14 @@ def panel_context(view: View, now: datetime | None = None) -> dict[str, Any]:
             end=now,
             step_seconds=view.step_seconds,
         )
-        current = query.query_many((*PANEL_TABLE, *BESIDE), view.window_seconds, view.group_by, view.selector, now)
+        beside = query.query_many(BESIDE, view.window_seconds, view.group_by, view.selector, now)
+    newest = {n: {g: values[-1] for g, values in results[n].series.items()} for n in PANEL_TABLE}
+    current = {**newest, **beside}
     charts = [chart_payload(chart.id, chart.title, chart.figures, results) for chart in PANEL_CHARTS]
-    groups = sorted({g for series in current.values() for g in series})
+    groups = sorted(
+        {g for series in beside.values() for g in series}
+        | {g for series in newest.values() for g, value in series.items() if value is not None}
+    )
     rows = [
         {"group": g, "panel": _figure_cells(PANEL_TABLE, current, g), "beside": _figure_cells(BESIDE, current, g)}
         for g in groups

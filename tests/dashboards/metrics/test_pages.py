@@ -13,7 +13,9 @@ from django.utils.html import escape
 
 from controlplane.audit.models import AuditEvent
 from controlplane.fleet.models import Pool, Worker
+from controlplane.metrics import query
 from controlplane.metrics.models import ServiceObjectives
+from dashboards.metrics import pages
 from tests.controlplane.metrics.pages import Page, job, store
 
 pytestmark = pytest.mark.django_db
@@ -58,6 +60,23 @@ def test_panel_shows_the_four_figures_per_cohort_with_charts_and_plain_links(vie
     # canary: 1 in 10 requests over 0.1 s, so its TTFT P99 sits in (0.1, 1]; stable under 0.1 s.
     canary_row = html.split('data-group="canary"', 1)[1].split("</tr>", 1)[0]
     assert 'data-figure="ttft_p99">' in canary_row and "ms" in canary_row
+
+
+def test_the_panel_table_is_each_charts_newest_point_and_the_window_ending_now() -> None:
+    now = timezone.now()
+    fill(now)
+    view = pages.View.from_params({"group_by": "cohort", "range": "1h", "window": "5m"})
+    context = pages.panel_context(view, now)
+    newest = {(c["id"], line["label"]): line["values"][-1] for c in context["charts"] for line in c["lines"]}
+    instant = query.query_many(pages.PANEL_TABLE, view.window_seconds, view.group_by, view.selector, now)
+    assert [row["group"] for row in context["rows"]] == ["canary", "stable"]
+    for row in context["rows"]:
+        cells = {cell["figure"].name: cell["value"] for cell in row["panel"]}
+        assert cells == {name: instant[name][row["group"]] for name in pages.PANEL_TABLE}
+        for chart in ("ttft", "memory", "kv_fragmentation"):
+            (name,) = next(c.figures for c in pages.PANEL_CHARTS if c.id == chart)
+            assert cells[name] == newest[(chart, row["group"])]
+        assert cells["ttft_p99"] is not None and cells["memory_peak_to_mean"] is not None
 
 
 def test_htmx_asks_get_the_live_partial_alone(viewer_client: Client) -> None:
