@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import secrets
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,10 +20,18 @@ from django.db import transaction
 from controlplane.accounts.roles import Role, grant_role
 from controlplane.fleet.models import EnrollmentToken, Pool
 from controlplane.gateway import demo as gateway_demo
-from controlplane.launcher import ProcessSpec, free_port
+from controlplane.launcher import (
+    PYTHON,
+    Enrollment,
+    ProcessSpec,
+    celery_beat_argv,
+    celery_worker_argv,
+    free_port,
+    web_argv,
+    worker_argv,
+)
 from controlplane.profiles.models import Profile
 
-PYTHON = sys.executable
 ADMIN_USERNAME = "admin"
 # The tiny model knows 32K positions; the demo caps workers at 4K so the
 # monolithic profile's budget (which must cover a whole prompt) stays small.
@@ -159,49 +166,16 @@ def processes(ctx: DemoContext) -> list[ProcessSpec]:
     """Every process of the demo, in start order. Add new ones here."""
     env = ctx.env()
     specs = [
-        ProcessSpec(
-            "web",
-            [PYTHON, "-m", "uvicorn", "controlplane.asgi:application", "--host", ctx.host, "--port", str(ctx.port)],
-            env=env,
-            ready_url=f"{ctx.url}/login/",
-        ),
+        ProcessSpec("web", web_argv(ctx.port, host=ctx.host), env=env, ready_url=f"{ctx.url}/login/"),
         ProcessSpec(
             "celery-worker",
-            [
-                PYTHON,
-                "-m",
-                "celery",
-                "-A",
-                "controlplane",
-                "worker",
-                "--loglevel",
-                "INFO",
-                "--concurrency",
-                "2",
-                "--without-gossip",
-                "--without-mingle",
-                "-n",
-                "demo@%h",
-            ],
+            celery_worker_argv("demo@%h", concurrency=2),
             env=env,
             ready_text="ready.",
         ),
         ProcessSpec(
             "celery-beat",
-            [
-                PYTHON,
-                "-m",
-                "celery",
-                "-A",
-                "controlplane",
-                "beat",
-                "--loglevel",
-                "INFO",
-                "--schedule",
-                str(ctx.data_dir / "celerybeat-schedule"),
-                "--pidfile",
-                "",
-            ],
+            celery_beat_argv(ctx.data_dir / "celerybeat-schedule"),
             env=env,
             ready_text="beat: Starting",
         ),
@@ -210,35 +184,24 @@ def processes(ctx: DemoContext) -> list[ProcessSpec]:
     if ctx.model_dir is not None:
         for name, pool in DEMO_WORKERS:
             port = free_port()
+            enrollment = Enrollment(
+                ctx.url,
+                ctx.enroll_tokens[pool],
+                name,
+                ctx.data_dir / "demo" / f"{name}.json",
+                labels={"demo_pool": pool},
+            )
             specs.append(
                 ProcessSpec(
                     name,
-                    [
-                        PYTHON,
-                        "-m",
-                        "workers",
-                        "serve",
-                        "--engine",
-                        "reference",
-                        "--model",
-                        str(ctx.model_dir),
-                        "--host",
-                        "127.0.0.1",
-                        "--port",
-                        str(port),
-                        "--max-model-len",
-                        str(DEMO_MAX_MODEL_LEN),
-                        "--control-plane",
-                        ctx.url,
-                        "--enroll-token",
-                        ctx.enroll_tokens[pool],
-                        "--name",
-                        name,
-                        "--label",
-                        f"demo_pool={pool}",
-                        "--state-file",
-                        str(ctx.data_dir / "demo" / f"{name}.json"),
-                    ],
+                    worker_argv(
+                        ctx.model_dir,
+                        port,
+                        max_model_len=DEMO_MAX_MODEL_LEN,
+                        engine="reference",
+                        host="127.0.0.1",
+                        enrollment=enrollment,
+                    ),
                     env=env,
                     # Up once its HTTP server answers; /health says 503 until the
                     # engine has loaded, which the fleet page shows as it happens.

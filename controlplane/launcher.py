@@ -6,11 +6,19 @@ a name prefix and to ``<log_dir>/<name>.log``, and the next one starts once
 it is ready (an HTTP URL answers, or a line appears in its output). Ctrl-C,
 SIGTERM, or any supervised process exiting stops them all in reverse order:
 SIGTERM to the group, then SIGKILL after a grace period.
+
+It is also the one home of the embedded stack's command lines (``web_argv``,
+``gateway_argv``, ``celery_worker_argv``, ``celery_beat_argv``,
+``worker_argv``): the demo, the benchmarks and the end-to-end tests start the
+same processes, and separate copies of a command line drift apart. Each
+builder takes what differs between its callers and writes a flag only when
+it is given, so a caller that leaves one to the program's default still does.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -19,7 +27,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -28,6 +36,9 @@ import httpx
 from django.core.management.base import CommandError
 
 STOP_GRACE_SECONDS = 10.0
+# Every process of the stack runs on this interpreter, so it sees this
+# virtual environment's packages.
+PYTHON = sys.executable
 
 
 @dataclass
@@ -259,3 +270,124 @@ class Supervisor:
                 self._echo(f"{'launcher':>14} | stopping {proc.spec.name}")
             proc.stop()
         self.running.clear()
+
+
+# ---- the stack's command lines ---------------------------------------------------------
+
+
+def web_argv(
+    port: int, *, host: str | None = None, log_level: str | None = None, extra: Sequence[str] = ()
+) -> list[str]:
+    """The control plane's web server: uvicorn on ``controlplane.asgi``.
+    ``host`` left out is uvicorn's 127.0.0.1; ``extra`` takes uvicorn's other
+    flags (a benchmark's ``--workers``, ``--no-access-log``)."""
+    argv = [PYTHON, "-m", "uvicorn", "controlplane.asgi:application", *_given("--host", host)]
+    return [*argv, "--port", str(port), *_given("--log-level", log_level), *extra]
+
+
+def gateway_argv(
+    port: int,
+    *,
+    host: str | None = None,
+    client: str | None = None,
+    log_level: str | None = None,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """The gateway, ``manage.py rungateway`` (run from the repository root,
+    where manage.py is). ``client`` picks the upstream HTTP client (left
+    out: ``GATEWAY_UPSTREAM_CLIENT``)."""
+    argv = [PYTHON, "manage.py", "rungateway", *_given("--host", host), "--port", str(port)]
+    return [*argv, *_given("--client", client), *_given("--log-level", log_level), *extra]
+
+
+def celery_worker_argv(
+    node: str,
+    *,
+    queue: str | None = None,
+    pool: str | None = None,
+    concurrency: int | None = None,
+    log_level: str = "INFO",
+    beat_schedule: Path | None = None,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """A Celery worker of the control plane's app, named ``node`` (``%h`` is
+    the host name), consuming ``queue`` (a comma-separated list; left out:
+    the default queue). ``pool="solo"`` runs each task in the worker's own
+    process (the benchmarks' and tests' choice: one process to stop, nothing
+    forked); ``beat_schedule`` runs beat inside it too, keeping its schedule
+    there. Gossip and mingle are off: they only slow the start and talk to
+    every other worker on the same broker, which a benchmark's or a test's
+    worker shares with whatever else runs."""
+    argv = [PYTHON, "-m", "celery", "-A", "controlplane", "worker", *_given("--pool", pool)]
+    argv += ["--loglevel", log_level, *_given("--concurrency", concurrency), "--without-gossip", "--without-mingle"]
+    argv += [*_given("-Q", queue), "-n", node]
+    if beat_schedule is not None:
+        argv += ["-B", "-s", str(beat_schedule)]
+    return [*argv, *extra]
+
+
+def celery_beat_argv(schedule: Path, *, log_level: str = "INFO") -> list[str]:
+    """Celery beat on its own, keeping its schedule in ``schedule``. No
+    pidfile: a beat killed in an earlier run must leave no lock behind that
+    stops the next start."""
+    return [
+        *(PYTHON, "-m", "celery", "-A", "controlplane", "beat", "--loglevel", log_level),
+        *("--schedule", str(schedule), "--pidfile", ""),
+    ]
+
+
+@dataclass(frozen=True)
+class Enrollment:
+    """What a worker needs to join a control plane: its agent enrolls at
+    ``control_plane`` with ``token`` as ``name`` and keeps the secret it gets
+    in ``state_file`` (so a restart is not a second enrollment).
+    ``advertise_url`` left out is the worker's own http://host:port."""
+
+    control_plane: str
+    token: str
+    name: str
+    state_file: Path
+    advertise_url: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    def argv(self) -> list[str]:
+        argv = ["--control-plane", self.control_plane, "--enroll-token", self.token, "--name", self.name]
+        argv += _given("--advertise-url", self.advertise_url)
+        for key, value in self.labels.items():
+            argv += ["--label", f"{key}={value}"]
+        return [*argv, "--state-file", str(self.state_file)]
+
+
+def worker_argv(
+    model: Path | str,
+    port: int,
+    *,
+    max_model_len: int | None = None,
+    engine: str | None = None,
+    host: str | None = None,
+    device: str | None = None,
+    log_level: str | None = None,
+    profile: Mapping[str, Any] | None = None,
+    enrollment: Enrollment | None = None,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """An inference worker, ``python -m workers serve``, on the checkpoint
+    directory ``model``. Left out, ``engine`` is the reference engine, ``host``
+    127.0.0.1 and ``device`` auto (a GPU when there is one; the benchmarks and
+    tests say cpu, so a run does not change with the machine it lands on).
+    ``profile`` is the engine profile it starts with; without ``enrollment``
+    it serves alone, with no agent."""
+    argv = [PYTHON, "-m", "workers", "serve", *_given("--engine", engine), "--model", str(model)]
+    argv += [*_given("--host", host), "--port", str(port), *_given("--max-model-len", max_model_len)]
+    argv += [*_given("--device", device), *_given("--log-level", log_level)]
+    if profile is not None:
+        argv += ["--profile", json.dumps(profile)]
+    if enrollment is not None:
+        argv += enrollment.argv()
+    return [*argv, *extra]
+
+
+def _given(flag: str, value: object) -> list[str]:
+    """``[flag, value]``, or nothing when ``value`` is None (the program's
+    default applies)."""
+    return [] if value is None else [flag, str(value)]

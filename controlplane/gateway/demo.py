@@ -9,14 +9,13 @@ model, a client key for the load generator, and the gateway process.
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 from django.db import transaction
 
 from controlplane.fleet.models import Pool
 from controlplane.gateway.models import ClientKey, PoolSpec, RoutingTable
-from controlplane.launcher import ProcessSpec
+from controlplane.launcher import ProcessSpec, gateway_argv
 
 ACTOR = "system:demo"
 DEMO_KEY_NAME = "demo: load generator"
@@ -51,7 +50,7 @@ def process_spec(ctx: Any, port: int = GATEWAY_PORT) -> Any:
     """``manage.py rungateway`` as a demo process (``ctx``: the demo's DemoContext)."""
     return ProcessSpec(
         "gateway",
-        [sys.executable, "manage.py", "rungateway", "--host", ctx.host, "--port", str(port)],
+        gateway_argv(port, host=ctx.host),
         env=ctx.env(),
         ready_url=f"http://{ctx.host}:{port}/health",
     )

@@ -39,6 +39,7 @@ from controlplane.alerts import notify
 from controlplane.alerts.models import InboundAlert, Receiver
 from controlplane.fleet.models import EnrollmentToken, Pool, Worker
 from controlplane.gateway.models import ClientKey, PoolSpec, RoutingTable
+from controlplane.launcher import Enrollment, celery_worker_argv, gateway_argv, web_argv, worker_argv
 from controlplane.metrics import deploy
 from controlplane.profiles.models import Profile
 from controlplane.rollouts.models import Rollout
@@ -51,7 +52,6 @@ from tests.monitoring import (
     prometheus_config,
     short_rules,
 )
-from tests.stack import celery_worker_argv, enrolled_worker_argv, gateway_argv, web_argv
 from tests.support import PYTHON, Process, child_env, free_port, running
 
 logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -230,29 +230,29 @@ def stack_up(tmp: Path, tiny_model: Path, pools: dict[str, Pool]) -> Iterator[St
         s.web, s.gateway = f"http://127.0.0.1:{web_port}", f"http://127.0.0.1:{gw_port}"
         web = start(
             "web",
-            web_argv(web_port),
+            web_argv(web_port, log_level="warning"),
             control_plane_env(**WEB_ENV),
         )
         celery = start(
             "celery",
-            celery_worker_argv(settings.CELERY_TASK_DEFAULT_QUEUE, f"am-e2e-{gw_port}@%h"),
+            celery_worker_argv(f"am-e2e-{gw_port}@%h", queue=settings.CELERY_TASK_DEFAULT_QUEUE, pool="solo"),
             control_plane_env(ROLLOUT_ACK_WAIT_SECONDS="2"),
         )
         gateway = start(
             "gateway",
-            gateway_argv(gw_port),
+            gateway_argv(gw_port, log_level="warning"),
             control_plane_env(**GATEWAY_ENV),
         )
         for role, pool in pools.items():
             _, enroll = EnrollmentToken.issue(f"am-e2e {role}", pool=pool, max_uses=1)
             port = free_port()
-            start(
-                role,
-                enrolled_worker_argv(
-                    tiny_model, port, MAX_MODEL_LEN, s.web, enroll, f"am-e2e-{role}", tmp / f"{role}.state"
-                ),
-                child_env(),
+            enrollment = Enrollment(
+                s.web, enroll, f"am-e2e-{role}", tmp / f"{role}.state", advertise_url=f"http://127.0.0.1:{port}"
             )
+            argv = worker_argv(
+                tiny_model, port, max_model_len=MAX_MODEL_LEN, device="cpu", log_level="warning", enrollment=enrollment
+            )
+            start(role, argv, child_env())
         web.wait_http(f"{s.web}/login/", timeout=90)
         gateway.wait_http(f"{s.gateway}/health", timeout=90)
         celery.wait_for_output("ready.", timeout=90)

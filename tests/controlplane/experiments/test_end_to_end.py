@@ -31,10 +31,10 @@ from controlplane.accounts.roles import Role
 from controlplane.experiments.models import Experiment, Workload
 from controlplane.fleet.models import EnrollmentToken, Pool, Worker
 from controlplane.gateway.models import ClientKey, PoolSpec, RequestLog, RoutingTable
+from controlplane.launcher import Enrollment, celery_worker_argv, gateway_argv, web_argv, worker_argv
 from controlplane.profiles.models import Profile
 from tests.conftest import RUN_ID, control_plane_env
 from tests.controlplane.factories import make_user
-from tests.stack import celery_worker_argv, enrolled_worker_argv, gateway_argv, web_argv
 from tests.support import PYTHON, Process, child_env, free_port, running, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -98,9 +98,8 @@ class Stack:
 
 
 def celery_argv(n: int, tmp: Path) -> list[str]:
-    return celery_worker_argv(
-        settings.CELERY_TASK_DEFAULT_QUEUE, f"exp-{RUN_ID}-{n}@%h", "-B", "-s", str(tmp / f"beat-{n}")
-    )
+    queue = settings.CELERY_TASK_DEFAULT_QUEUE
+    return celery_worker_argv(f"exp-{RUN_ID}-{n}@%h", queue=queue, pool="solo", beat_schedule=tmp / f"beat-{n}")
 
 
 @contextlib.contextmanager
@@ -116,23 +115,23 @@ def stack_up(tmp: Path, tiny_model: Path, pool: Pool) -> Iterator[Stack]:
         s.web, s.gateway = f"http://127.0.0.1:{web_port}", f"http://127.0.0.1:{gw_port}"
         web = start(
             "web",
-            web_argv(web_port),
+            web_argv(web_port, log_level="warning"),
             control_plane_env(**WEB_ENV),
         )
         gateway = start(
             "gateway",
-            gateway_argv(gw_port),
+            gateway_argv(gw_port, log_level="warning"),
             control_plane_env(**GATEWAY_ENV),
         )
         for i in range(2):
             _, token = EnrollmentToken.issue(f"exp {i}", pool=pool, max_uses=1)
             port = free_port()
             name = f"exp-{i}"
-            start(
-                name,
-                enrolled_worker_argv(tiny_model, port, MAX_MODEL_LEN, s.web, token, name, tmp / f"{name}.state"),
-                child_env(),
+            enrollment = Enrollment(s.web, token, name, tmp / f"{name}.state", advertise_url=f"http://127.0.0.1:{port}")
+            argv = worker_argv(
+                tiny_model, port, max_model_len=MAX_MODEL_LEN, device="cpu", log_level="warning", enrollment=enrollment
             )
+            start(name, argv, child_env())
         web.wait_http(f"{s.web}/login/", timeout=90)
         gateway.wait_http(f"{s.gateway}/health", timeout=90)
         yield s

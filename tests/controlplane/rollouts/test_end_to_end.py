@@ -35,12 +35,12 @@ from rest_framework.authtoken.models import Token
 from controlplane.accounts.roles import Role
 from controlplane.fleet.models import EnrollmentToken, Pool, Worker
 from controlplane.gateway.models import ClientKey, PoolSpec, RequestLog, RoutingTable
+from controlplane.launcher import Enrollment, celery_worker_argv, gateway_argv, web_argv, worker_argv
 from controlplane.metrics.query import is_failed
 from controlplane.profiles.models import Profile
 from controlplane.rollouts.models import AnalysisTemplate, Rollout
 from tests.conftest import control_plane_env
 from tests.controlplane.factories import make_user
-from tests.stack import celery_worker_argv, enrolled_worker_argv, gateway_argv, web_argv
 from tests.support import PYTHON, Process, child_env, free_port, running, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -97,28 +97,28 @@ def stack_up(tmp: Path, tiny_model: Path) -> Iterator[Stack]:
         s.web, s.gateway = f"http://127.0.0.1:{web_port}", f"http://127.0.0.1:{gw_port}"
         web = start(
             "web",
-            web_argv(web_port),
+            web_argv(web_port, log_level="warning"),
             control_plane_env(**WEB_ENV),
         )
         celery = start(
             "celery",
-            celery_worker_argv(settings.CELERY_TASK_DEFAULT_QUEUE, f"e2e-{gw_port}@%h"),
+            celery_worker_argv(f"e2e-{gw_port}@%h", queue=settings.CELERY_TASK_DEFAULT_QUEUE, pool="solo"),
             control_plane_env(ROLLOUT_ACK_WAIT_SECONDS="2"),
         )
         gateway = start(
             "gateway",
-            gateway_argv(gw_port),
+            gateway_argv(gw_port, log_level="warning"),
             control_plane_env(**GATEWAY_ENV),
         )
         for role, pool in (("stable", "e2e-stable"), ("stable", "e2e-stable"), ("canary", "e2e-canary")):
             _, token = EnrollmentToken.issue(f"e2e {role}", pool=Pool.objects.get(name=pool), max_uses=1)
             port = free_port()
             name = f"{pool}-{port}"
-            start(
-                name,
-                enrolled_worker_argv(tiny_model, port, MAX_MODEL_LEN, s.web, token, name, tmp / f"{name}.state"),
-                child_env(),
+            enrollment = Enrollment(s.web, token, name, tmp / f"{name}.state", advertise_url=f"http://127.0.0.1:{port}")
+            argv = worker_argv(
+                tiny_model, port, max_model_len=MAX_MODEL_LEN, device="cpu", log_level="warning", enrollment=enrollment
             )
+            start(name, argv, child_env())
         web.wait_http(f"{s.web}/login/", timeout=90)
         gateway.wait_http(f"{s.gateway}/health", timeout=90)
         celery.wait_for_output("ready.", timeout=90)

@@ -50,7 +50,16 @@ from django.db import connection
 
 from controlplane.experiments.models import Experiment, Workload, default_arms
 from controlplane.fleet.models import EnrollmentToken, Pool, Worker
-from controlplane.launcher import child, free_port, wait_http, wait_until
+from controlplane.launcher import (
+    Enrollment,
+    celery_worker_argv,
+    child,
+    free_port,
+    wait_http,
+    wait_until,
+    web_argv,
+    worker_argv,
+)
 from controlplane.profiles.models import Profile
 from workers import replay
 from workers.loadgen import parse_slos
@@ -148,24 +157,14 @@ class Command(BaseCommand):
     def _bare(self, tmp: Path, spec: replay.WorkloadSpec, options: dict[str, Any]) -> dict[str, Any]:
         port = free_port()
         log = tmp / "bare-worker.log"
-        argv = [
-            sys.executable,
-            "-m",
-            "workers",
-            "serve",
-            "--model",
-            str(options["model"]),
-            "--port",
-            str(port),
-            "--max-model-len",
-            str(options["max_model_len"]),
-            "--device",
-            "cpu",
-            "--log-level",
-            "warning",
-            "--profile",
-            json.dumps(PROFILE),
-        ]
+        argv = worker_argv(
+            options["model"],
+            port,
+            max_model_len=options["max_model_len"],
+            device="cpu",
+            log_level="warning",
+            profile=PROFILE,
+        )
         url = f"http://127.0.0.1:{port}"
         with child(self._on_worker_cpus(argv), log, {**os.environ, "PYTHONUNBUFFERED": "1"}) as proc:
             wait_http(f"{url}/v1/models", proc, log, timeout=240)
@@ -278,80 +277,27 @@ class Command(BaseCommand):
         web_port, port = free_port(), free_port()
         web_url = f"http://127.0.0.1:{web_port}"
         with contextlib.ExitStack() as stack:
-            web = stack.enter_context(
-                child(
-                    [
-                        sys.executable,
-                        "-m",
-                        "uvicorn",
-                        "controlplane.asgi:application",
-                        "--port",
-                        str(web_port),
-                        "--log-level",
-                        "warning",
-                    ],
-                    tmp / "web.log",
-                    env,
-                )
-            )
+            web = stack.enter_context(child(web_argv(web_port, log_level="warning"), tmp / "web.log", env))
             wait_http(f"{web_url}/login/", web, tmp / "web.log")
-            stack.enter_context(
-                child(
-                    [
-                        sys.executable,
-                        "-m",
-                        "celery",
-                        "-A",
-                        "controlplane",
-                        "worker",
-                        "--pool",
-                        "solo",
-                        "--loglevel",
-                        "WARNING",
-                        "--without-gossip",
-                        "--without-mingle",
-                        "-Q",
-                        tag,
-                        "-n",
-                        f"{tag}@%h",
-                        "-B",
-                        "-s",
-                        str(tmp / f"{tag}-beat"),
-                    ],
-                    tmp / "celery.log",
-                    env,
-                )
+            celery_argv = celery_worker_argv(
+                f"{tag}@%h", queue=tag, pool="solo", log_level="WARNING", beat_schedule=tmp / f"{tag}-beat"
             )
+            stack.enter_context(child(celery_argv, tmp / "celery.log", env))
             name = f"{tag}-w"
+            enrollment = Enrollment(
+                web_url, token, name, tmp / f"{name}.state", advertise_url=f"http://127.0.0.1:{port}"
+            )
             worker = stack.enter_context(
                 child(
                     self._on_worker_cpus(
-                        [
-                            sys.executable,
-                            "-m",
-                            "workers",
-                            "serve",
-                            "--model",
-                            str(options["model"]),
-                            "--port",
-                            str(port),
-                            "--max-model-len",
-                            str(options["max_model_len"]),
-                            "--device",
-                            "cpu",
-                            "--log-level",
-                            "warning",
-                            "--control-plane",
-                            web_url,
-                            "--enroll-token",
-                            token,
-                            "--name",
-                            name,
-                            "--advertise-url",
-                            f"http://127.0.0.1:{port}",
-                            "--state-file",
-                            str(tmp / f"{name}.state"),
-                        ]
+                        worker_argv(
+                            options["model"],
+                            port,
+                            max_model_len=options["max_model_len"],
+                            device="cpu",
+                            log_level="warning",
+                            enrollment=enrollment,
+                        )
                     ),
                     tmp / "worker.log",
                     env,

@@ -29,7 +29,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from controlplane.fleet.models import EnrollmentToken, Pool, Worker
-from controlplane.launcher import ProcessSpec, Running
+from controlplane.launcher import ProcessSpec, Running, free_port, web_argv
 from controlplane.profiles.models import Profile
 from workers import contract
 
@@ -139,27 +139,11 @@ class Command(BaseCommand):
         Profile.objects.filter(name__startswith=BENCH_PREFIX).delete()
 
     def _start_server(self, processes: int, db_pool: int) -> tuple[Running, str]:
-        import socket
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         url = f"http://127.0.0.1:{port}"
-        argv = [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "controlplane.asgi:application",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--no-access-log",
-            "--log-level",
-            "warning",
-            "--workers",
-            str(processes),
-        ]
+        argv = web_argv(
+            port, host="127.0.0.1", log_level="warning", extra=["--no-access-log", "--workers", str(processes)]
+        )
         log_dir = settings.DATA_DIR / "bench"
         log_dir.mkdir(parents=True, exist_ok=True)
         env = {"CHUNKPILOT_DATA_DIR": str(settings.DATA_DIR), "DATABASE_POOL_MAX_SIZE": str(db_pool)}

@@ -34,7 +34,7 @@ from controlplane.fleet.models import Pool, Worker
 from controlplane.gateway import bench
 from controlplane.gateway.models import ClientKey, PoolSpec, RequestLog, RoutingTable
 from controlplane.gateway.upstream import CLIENTS
-from controlplane.launcher import child, free_port, wait_http, wait_until
+from controlplane.launcher import child, free_port, gateway_argv, wait_http, wait_until
 
 
 class Command(BaseCommand):
@@ -110,17 +110,7 @@ class Command(BaseCommand):
             gateway_urls, gateway_pids = [], []
             for i in range(options["gateways"]):
                 port = free_port()
-                argv = [
-                    sys.executable,
-                    "manage.py",
-                    "rungateway",
-                    "--port",
-                    str(port),
-                    "--client",
-                    options["client"],
-                    "--log-level",
-                    "warning",
-                ]
+                argv = gateway_argv(port, client=options["client"], log_level="warning")
                 proc = stack.enter_context(child(argv, workdir / f"gateway-{i}.log", env))
                 url = f"http://127.0.0.1:{port}"
                 wait_http(f"{url}/health", proc)
@@ -129,17 +119,7 @@ class Command(BaseCommand):
             untracked_url = None
             if options["untracked"]:
                 port = free_port()
-                argv = [
-                    sys.executable,
-                    "manage.py",
-                    "rungateway",
-                    "--port",
-                    str(port),
-                    "--client",
-                    options["client"],
-                    "--log-level",
-                    "warning",
-                ]
+                argv = gateway_argv(port, client=options["client"], log_level="warning")
                 proc = stack.enter_context(
                     child(argv, workdir / "gateway-untracked.log", {**env, "GATEWAY_STREAM_TRACKING": "false"})
                 )

@@ -21,7 +21,6 @@ import contextlib
 import json
 import math
 import os
-import sys
 import tempfile
 import threading
 import time
@@ -39,7 +38,15 @@ from controlplane.celery import app
 from controlplane.fleet.models import EnrollmentToken, Pool, Worker
 from controlplane.gateway import bus
 from controlplane.gateway.models import PoolSpec, RequestLog, RoutingTable
-from controlplane.launcher import child, free_port, wait_http, wait_until
+from controlplane.launcher import (
+    celery_worker_argv,
+    child,
+    free_port,
+    gateway_argv,
+    wait_http,
+    wait_until,
+    web_argv,
+)
 from controlplane.profiles.models import Profile
 from controlplane.rollouts.evaluator import Phase
 from controlplane.rollouts.models import Rollout
@@ -161,56 +168,13 @@ class Command(BaseCommand):
         with contextlib.ExitStack() as stack:
             web_port = free_port()
             web_url = f"http://127.0.0.1:{web_port}"
-            web = stack.enter_context(
-                child(
-                    [
-                        sys.executable,
-                        "-m",
-                        "uvicorn",
-                        "controlplane.asgi:application",
-                        "--port",
-                        str(web_port),
-                        "--log-level",
-                        "warning",
-                    ],
-                    workdir / "web.log",
-                    env,
-                )
-            )
-            celery = stack.enter_context(
-                child(
-                    [
-                        sys.executable,
-                        "-m",
-                        "celery",
-                        "-A",
-                        "controlplane",
-                        "worker",
-                        "--pool",
-                        "solo",
-                        "--loglevel",
-                        "WARNING",
-                        "--without-gossip",
-                        "--without-mingle",
-                        "-Q",
-                        rows.tag,
-                        "-n",
-                        f"{rows.tag}@%h",
-                    ],
-                    workdir / "celery.log",
-                    env,
-                )
-            )
+            web = stack.enter_context(child(web_argv(web_port, log_level="warning"), workdir / "web.log", env))
+            celery_argv = celery_worker_argv(f"{rows.tag}@%h", queue=rows.tag, pool="solo", log_level="WARNING")
+            celery = stack.enter_context(child(celery_argv, workdir / "celery.log", env))
             for i in range(options["gateways"]):
                 port = free_port()
                 log = workdir / f"gateway-{i}.log"
-                gw = stack.enter_context(
-                    child(
-                        [sys.executable, "manage.py", "rungateway", "--port", str(port), "--log-level", "warning"],
-                        log,
-                        env,
-                    )
-                )
+                gw = stack.enter_context(child(gateway_argv(port, log_level="warning"), log, env))
                 wait_http(f"http://127.0.0.1:{port}/health", gw, log)
             wait_http(f"{web_url}/login/", web, workdir / "web.log")
             wait_until(lambda: len(bus.live_gateways()) == options["gateways"], 30, "every gateway registered")
