@@ -26,10 +26,21 @@
 (function () {
   var RECONNECTS_ON = [1006, 1011, 1012, 1013];
   var down = new Set();
+  // A dropped socket retries with full jitter, as htmx does, but capped at
+  // 10 s instead of its 64 s: once a store is back, every open page is live
+  // again within seconds, and a fleet of browsers still spreads its retries.
+  if (window.htmx) htmx.config.wsReconnectDelay = function (retryCount) {
+    return Math.min(10000, 1000 * Math.pow(2, retryCount)) * Math.random();
+  };
   function show() {
+    // A socket's element that left the page (swapped out) is not down.
+    down.forEach(function (el) {
+      if (!el.isConnected) down.delete(el);
+    });
     var banner = document.getElementById("live-paused");
     if (banner) banner.hidden = down.size === 0;
   }
+  document.addEventListener("htmx:afterSettle", show);
   document.addEventListener("htmx:wsClose", function (e) {
     var code = e.detail && e.detail.event ? e.detail.event.code : 1006;
     if (RECONNECTS_ON.indexOf(code) >= 0) down.add(e.target);

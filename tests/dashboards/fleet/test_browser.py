@@ -48,6 +48,33 @@ def test_a_heartbeat_that_changes_state_updates_the_fleet_page_live(page: Any, w
     assert not_reloaded(page), "the page was updated in place"
 
 
+def test_a_dropped_live_socket_retries_within_ten_seconds_and_a_gone_one_pauses_nothing(page: Any, web: str) -> None:
+    open_fleet(page, web, Role.VIEWER)
+    delays = page.evaluate("Array.from({length: 300}, (_, i) => htmx.config.wsReconnectDelay(i % 30))")
+    assert 0 <= min(delays) and max(delays) <= 10000, "capped at 10 s, not htmx's 64 s"
+    assert max(delays) > 5000, "still full jitter: a fleet of browsers spreads its retries"
+    banner = page.locator("#live-paused")
+    expect(banner).to_be_hidden()
+    # A socket's element closes for a reason htmx reconnects on: paused; the element
+    # then leaves the page (swapped out, never to open again): nothing is paused.
+    page.evaluate(
+        """() => {
+        const el = document.createElement("div");
+        el.id = "gone-socket";
+        document.body.appendChild(el);
+        el.dispatchEvent(new CustomEvent("htmx:wsClose", {bubbles: true, detail: {event: {code: 1013}}}));
+    }"""
+    )
+    expect(banner).to_be_visible()
+    page.evaluate(
+        """() => {
+        document.getElementById("gone-socket").remove();
+        document.body.dispatchEvent(new CustomEvent("htmx:afterSettle", {bubbles: true}));
+    }"""
+    )
+    expect(banner).to_be_hidden()
+
+
 def test_the_health_sweep_marks_a_silent_worker_unhealthy_on_the_page(page: Any, web: str) -> None:
     worker, secret = enroll_worker("live-2")
     httpx.post(f"{web}{HEARTBEAT_PATH}", json=heartbeat_request("ready"), headers={"Authorization": f"Bearer {secret}"})
