@@ -6,13 +6,16 @@ one copy of each that the benchmarks use too."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -110,4 +113,65 @@ def child_env(**overrides: str) -> dict[str, str]:
     return env
 
 
-__all__ = ["PYTHON", "ROOT", "Process", "child_env", "free_port", "running", "wait_until"]
+class Traffic:
+    """Bursty ``workers loadgen`` traffic through a gateway, in back-to-back
+    runs on ``loops`` threads (each started ``stagger`` seconds after the one
+    before, so traffic never stops between runs) until the block ends: each
+    run's summary, and why each run that did not finish cleanly did not."""
+
+    def __init__(
+        self,
+        url: str,
+        key: str,
+        *,
+        rate: float,
+        duration: float,
+        loops: int = 1,
+        stagger: float = 0.0,
+        sticky_keys: int | None = None,
+        timeout: float = 600.0,
+    ):
+        self.url, self.key = url, key
+        self.rate, self.duration, self.sticky_keys, self.timeout = rate, duration, sticky_keys, timeout
+        self.stagger = stagger
+        self.summaries: list[dict[str, Any]] = []
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._loop, args=(i,), daemon=True) for i in range(loops)]
+
+    def __enter__(self) -> Traffic:
+        for i, thread in enumerate(self._threads):
+            if i:
+                time.sleep(self.stagger)
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(120)
+
+    @property
+    def num_requests(self) -> int:
+        return sum(s["num_requests"] for s in self.summaries)
+
+    def _loop(self, loop: int) -> None:
+        seed = loop * 1000
+        sticky = ["--sticky-keys", str(self.sticky_keys)] if self.sticky_keys else []
+        while not self._stop.is_set():
+            seed += 1
+            argv = [
+                *(PYTHON, "-m", "workers", "loadgen", "--url", self.url, "--api-key", self.key),
+                *("--scenario", "burst", "--rate", f"{self.rate:g}", "--burst-period", "2"),
+                *("--duration", f"{self.duration:g}", *sticky, "--seed", str(seed), "--json"),
+            ]
+            done = subprocess.run(argv, capture_output=True, text=True, env=child_env(), timeout=self.timeout)
+            try:
+                self.summaries.append(json.loads(done.stdout)["summary"])
+            except (ValueError, KeyError):
+                pass
+            if done.returncode != 0 or not done.stdout:
+                self.failures.append(f"loadgen {seed} exited {done.returncode}: {done.stderr[-2000:]}")
+
+
+__all__ = ["PYTHON", "ROOT", "Process", "Traffic", "child_env", "free_port", "running", "wait_until"]

@@ -21,8 +21,6 @@ import contextlib
 import io
 import json
 import logging
-import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -52,7 +50,7 @@ from tests.monitoring import (
     prometheus_config,
     short_rules,
 )
-from tests.support import PYTHON, Process, child_env, free_port, running
+from tests.support import Process, Traffic, child_env, free_port, running
 
 logging.getLogger("httpx").setLevel(logging.WARNING)
 REGRESSION = "ChunkpilotCanaryTTFTRegression"
@@ -259,55 +257,6 @@ def stack_up(tmp: Path, tiny_model: Path, pools: dict[str, Pool]) -> Iterator[St
         yield s
 
 
-class Traffic:
-    """loadgen through the gateway, one run after another, until stopped."""
-
-    def __init__(self, url: str, key: str):
-        self.url, self.key = url, key
-        self.failures: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def __enter__(self) -> Traffic:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(120)
-
-    def _loop(self) -> None:
-        seed = 0
-        while not self._stop.is_set():
-            seed += 1
-            argv = [
-                PYTHON,
-                "-m",
-                "workers",
-                "loadgen",
-                "--url",
-                self.url,
-                "--api-key",
-                self.key,
-                "--scenario",
-                "burst",
-                "--rate",
-                "2",
-                "--burst-period",
-                "2",
-                "--duration",
-                "10",
-                "--sticky-keys",
-                "200",
-                "--seed",
-                str(seed),
-                "--json",
-            ]
-            done = subprocess.run(argv, capture_output=True, text=True, env=child_env(), timeout=600)
-            if done.returncode != 0:
-                self.failures.append(done.stderr[-2000:])
-
-
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_canary_regression_fires_the_shipped_rule_and_alertmanager_has_chunkpilot_abort_the_rollout(
@@ -337,7 +286,10 @@ def test_a_canary_regression_fires_the_shipped_rule_and_alertmanager_has_chunkpi
             # The shipped rules over 20-s ranges, firing after 5 s instead of 10 min.
             files = {"rules.yml": short_rules(window="20s", for_="5s"), deploy.TOKEN_FILE: viewer}
             config = prometheus_config(control_plane=stack.web, scrape_interval="1s", alertmanager=am.url)
-            with prometheus(tmp_path / "prometheus", config, files) as prom, Traffic(stack.gateway, key) as traffic:
+            with (
+                prometheus(tmp_path / "prometheus", config, files) as prom,
+                Traffic(stack.gateway, key, rate=2, duration=10, sticky_keys=200) as traffic,
+            ):
                 stack.procs["prometheus"], stack.procs["alertmanager"] = prom.proc, am.proc
                 api = httpx.Client(
                     base_url=f"{stack.web}/api/v1", headers={"Authorization": f"Token {operator}"}, timeout=30

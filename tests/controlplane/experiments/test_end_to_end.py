@@ -16,8 +16,6 @@ import contextlib
 import json
 import logging
 import signal
-import subprocess
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,7 +33,7 @@ from controlplane.launcher import Enrollment, celery_worker_argv, gateway_argv, 
 from controlplane.profiles.models import Profile
 from tests.conftest import RUN_ID, control_plane_env
 from tests.controlplane.factories import make_user
-from tests.support import PYTHON, Process, child_env, free_port, running, wait_until
+from tests.support import Process, Traffic, child_env, free_port, running, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -137,53 +135,6 @@ def stack_up(tmp: Path, tiny_model: Path, pool: Pool) -> Iterator[Stack]:
         yield s
 
 
-class Traffic:
-    """Client traffic through the gateway, in back-to-back loadgen runs."""
-
-    def __init__(self, url: str, key: str):
-        self.url, self.key = url, key
-        self.summaries: list[dict[str, Any]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def __enter__(self) -> Traffic:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(120)
-
-    def _loop(self) -> None:
-        seed = 0
-        while not self._stop.is_set():
-            seed += 1
-            argv = [
-                PYTHON,
-                "-m",
-                "workers",
-                "loadgen",
-                "--url",
-                self.url,
-                "--api-key",
-                self.key,
-                "--scenario",
-                "burst",
-                "--rate",
-                "0.5",
-                "--burst-period",
-                "2",
-                "--duration",
-                "8",
-                "--seed",
-                str(seed),
-                "--json",
-            ]
-            done = subprocess.run(argv, capture_output=True, text=True, env=child_env(), timeout=300)
-            with contextlib.suppress(ValueError, KeyError):
-                self.summaries.append(json.loads(done.stdout)["summary"])
-
-
 def state(stack: Stack, experiment_id: int) -> dict[str, Any]:
     reply = stack.api("GET", f"/experiments/{experiment_id}/")
     assert reply.status_code == 200, reply.text
@@ -241,7 +192,7 @@ def test_an_experiment_runs_every_arm_out_of_traffic_and_resumes_after_its_worke
         )
         try:
             celery.wait_for_output("ready.", timeout=90)
-            with Traffic(stack.gateway, key) as traffic:
+            with Traffic(stack.gateway, key, rate=0.5, duration=8, timeout=300) as traffic:
                 # 1. every arm, out of traffic, and back
                 first_id = start_experiment(stack, workload, lab.name, "sweep")
                 first = wait_until(

@@ -21,8 +21,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,7 +39,7 @@ from controlplane.profiles.models import Profile
 from controlplane.rollouts.models import AnalysisTemplate, Rollout
 from tests.conftest import control_plane_env
 from tests.controlplane.factories import make_user
-from tests.support import PYTHON, Process, child_env, free_port, running, wait_until
+from tests.support import Process, Traffic, child_env, free_port, running, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -125,68 +123,6 @@ def stack_up(tmp: Path, tiny_model: Path) -> Iterator[Stack]:
         yield s
 
 
-class Traffic:
-    """Two staggered loops of ``loadgen`` runs, so traffic never stops."""
-
-    def __init__(self, url: str, key: str, tmp: Path):
-        self.url, self.key, self.tmp = url, key, tmp
-        self.summaries: list[dict[str, Any]] = []
-        self.failures: list[str] = []
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._loop, args=(i,), daemon=True) for i in range(2)]
-
-    def __enter__(self) -> Traffic:
-        for i, t in enumerate(self._threads):
-            t.start()
-            if i == 0:
-                time.sleep(8)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(120)
-
-    def _loop(self, loop: int) -> None:
-        seed = loop * 1000
-        while not self._stop.is_set():
-            seed += 1
-            argv = [
-                PYTHON,
-                "-m",
-                "workers",
-                "loadgen",
-                "--url",
-                self.url,
-                "--api-key",
-                self.key,
-                "--scenario",
-                "burst",
-                "--rate",
-                "1.5",
-                "--burst-period",
-                "2",
-                "--duration",
-                "16",
-                "--sticky-keys",
-                "200",
-                "--seed",
-                str(seed),
-                "--json",
-            ]
-            done = subprocess.run(argv, capture_output=True, text=True, env=child_env(), timeout=600)
-            try:
-                summary = json.loads(done.stdout)["summary"]
-            except (ValueError, KeyError):
-                self.failures.append(f"loadgen {seed} exited {done.returncode}: {done.stderr[-2000:]}")
-                continue
-            self.summaries.append(summary)
-
-    @property
-    def num_requests(self) -> int:
-        return sum(s["num_requests"] for s in self.summaries)
-
-
 def api(stack: Stack, token: str, method: str, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
     return stack.api.request(
         method, f"{stack.web}/api/v1{path}", json=body, headers={"Authorization": f"Token {token}"}
@@ -259,7 +195,7 @@ def test_rollouts_promote_abort_on_regression_and_abort_by_hand_with_no_failed_r
             [PoolSpec(pools["stable"], "stable", 10000), PoolSpec(pools["canary"], "canary", 0)], actor="test"
         )
         started = time.time()
-        with Traffic(stack.gateway, key, tmp_path) as traffic:
+        with Traffic(stack.gateway, key, rate=1.5, duration=16, loops=2, stagger=8, sticky_keys=200) as traffic:
             # 1. monolithic → chunked: gate, analysis, promotion one worker at a time
             reply = api(
                 stack,
