@@ -51,3 +51,33 @@
     show();
   });
 })();
+
+// A form that a live push put on the page was rendered without a request,
+// so its {% csrf_token %} is empty. Before any POST form is sent, it gets
+// the page's own token (the body's hx-headers, which htmx requests send
+// too); a form rendered with the page keeps the one it has.
+(function () {
+  function pageToken() {
+    try {
+      return JSON.parse(document.body.getAttribute("hx-headers") || "{}")["X-CSRFToken"] || "";
+    } catch (e) {
+      return "";
+    }
+  }
+  document.addEventListener(
+    "submit",
+    function (e) {
+      var form = e.target;
+      if (!(form instanceof HTMLFormElement) || (form.getAttribute("method") || "").toLowerCase() !== "post") return;
+      if (form.querySelector('input[name="csrfmiddlewaretoken"]')) return;
+      var token = pageToken();
+      if (!token) return;
+      var input = document.createElement("input");
+      input.type = "hidden";
+      input.name = "csrfmiddlewaretoken";
+      input.value = token;
+      form.appendChild(input);
+    },
+    true
+  );
+})();
