@@ -200,6 +200,10 @@ class AsyncEngine(Protocol):
     async def abort(self, request_id: str) -> None:
         """Stop a request and free its KV blocks; its stream ends with finish_reason "abort"."""
 
+    async def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix block, so the next requests start cold
+        (an experiment's arms and repeats each do). True when it was reset."""
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``; ``add_special_tokens=False`` for a rendered chat
         template, which writes its own BOS."""

@@ -630,6 +630,19 @@ def build_app(
         lifespan=lifespan,
     )
     app.state.server = server
+
+    async def reset_prefix_cache(request: Request) -> Response:
+        # As vLLM's server has it: an experiment starts every arm and repeat cold.
+        engine = host.engine
+        if engine is None or host.state != READY:
+            return error_response(unavailable(host.state))
+        try:
+            reset = await engine.reset_prefix_cache()
+        except EngineError as exc:
+            return error_response(p.ApiError(str(exc), status=503, type="service_unavailable"))
+        return JSONResponse({"reset": reset})
+
+    app.add_route("/reset_prefix_cache", reset_prefix_cache, methods=["POST"])
     return app
 
 

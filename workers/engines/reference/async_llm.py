@@ -203,6 +203,11 @@ class AsyncLLM:
         await self._call(lambda: engine.update_profile(profile))
         self.profile = profile
 
+    async def reset_prefix_cache(self) -> bool:
+        """Forget the prefix cache, between two steps."""
+        engine = self._require_engine()
+        return await self._call(engine.reset_prefix_cache)
+
     # ---- tokenizer ---------------------------------------------------------
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens)

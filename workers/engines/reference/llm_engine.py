@@ -268,6 +268,12 @@ class LLMEngine:
     def get_num_unfinished_requests(self) -> int:
         return len(self.requests)
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix block (an experiment starts each arm
+        cold). Blocks in use stay with their requests, private from now on."""
+        self.blocks.pool.reset_prefix_cache()
+        return True
+
     def update_profile(self, profile: EngineProfile) -> None:
         """Apply new scheduler knobs from the next step on."""
         errors = profile_errors(profile.to_dict(), engine_kind="reference", max_model_len=self.max_model_len)

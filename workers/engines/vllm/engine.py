@@ -25,6 +25,7 @@ consumer falls behind (``workers.engines.stream``, as for ``AsyncLLM``).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import functools
@@ -130,7 +131,12 @@ class _Stop:
     pass
 
 
-_Command = _Add | _Abort | _Stop
+@dataclass(frozen=True)
+class _Reset:
+    done: concurrent.futures.Future[bool]
+
+
+_Command = _Add | _Abort | _Stop | _Reset
 
 
 class VLLMEngine:
@@ -290,6 +296,15 @@ class VLLMEngine:
         if request_id in self._streams:
             self._commands.put(_Abort(request_id))
 
+    async def reset_prefix_cache(self) -> bool:
+        """vLLM's own reset, between two steps. False when vLLM refused
+        (some cached blocks were still held by requests)."""
+        if self.failed is not None or self._thread is None:
+            raise EngineError("the vLLM engine is not running.")
+        done: concurrent.futures.Future[bool] = concurrent.futures.Future()
+        self._commands.put(_Reset(done))
+        return await asyncio.wrap_future(done)
+
     # ---- tokenizer -----------------------------------------------------------
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens))
@@ -402,6 +417,12 @@ class VLLMEngine:
                     continue
                 llm.abort_request([found.request_id])
                 aborted.append((found, self._finish(found, "abort", time.monotonic())))
+            elif isinstance(command, _Reset):
+                try:
+                    result = llm.reset_prefix_cache()  # None in older vLLM, which raises on failure
+                    command.done.set_result(True if result is None else bool(result))
+                except Exception as exc:  # noqa: BLE001 (handed to the caller)
+                    command.done.set_exception(exc)
             elif isinstance(command, _Stop):
                 for stream in list(self._streams.values()):
                     if not stream.done:
