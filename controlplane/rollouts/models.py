@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import models, transaction
+from django.db import IntegrityError, models, transaction
 from django.utils import timezone
 
 from controlplane import audit, live
@@ -253,6 +253,9 @@ def metrics_errors(metrics: Any) -> dict[str, list[str]]:
 # ---- rollouts ------------------------------------------------------------------------------
 
 
+BUSY_MESSAGE = "another rollout is still running on this routing table or these pools; finish or abort it first."
+
+
 class RolloutQuerySet(models.QuerySet["Rollout"]):
     def active(self) -> RolloutQuerySet:
         return self.filter(phase__lt=Phase.ABORTED)
@@ -326,6 +329,13 @@ class Rollout(audit.Audited, models.Model):
 
     class Meta:
         ordering = ["-created", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["routing_table"],
+                condition=models.Q(phase__lt=Phase.ABORTED.value),
+                name="one_unfinished_rollout_per_table",
+            )
+        ]
 
     def __str__(self) -> str:
         return f"rollout {self.pk}: {self.stable_pool_id and self.stable_pool.name} → {self.target_revision}"
@@ -440,41 +450,57 @@ class Rollout(audit.Audited, models.Model):
         stable_revision = stable_revision or stable_pool.desired_revision
         if steps is None:
             steps = [] if fast_track else plan.to_json(plan.default_plan())
-        errors = creation_errors(
-            routing_table,
-            stable_pool,
-            canary_pool,
-            baseline_pool,
-            stable_revision,
-            target_revision,
-            steps,
-            gate,
-            progress_deadline_seconds,
-            fast_track,
-        )
-        if errors:
-            raise ValidationError(errors)
+
+        def check() -> None:
+            errors = creation_errors(
+                routing_table,
+                stable_pool,
+                canary_pool,
+                baseline_pool,
+                stable_revision,
+                target_revision,
+                steps,
+                gate,
+                progress_deadline_seconds,
+                fast_track,
+            )
+            if errors:
+                raise ValidationError(errors)
+
+        check()
         if plan.DEFAULT_TEMPLATE in plan.templates_named(plan.parse(steps)):
             AnalysisTemplate.default()
         with transaction.atomic():
-            rollout = cls.objects.create(
-                routing_table=routing_table,
-                stable_pool=stable_pool,
-                canary_pool=canary_pool,
-                baseline_pool=baseline_pool,
-                stable_revision=stable_revision,
-                target_revision=target_revision,
-                steps=steps,
-                progress_deadline_seconds=progress_deadline_seconds,
-                gate=gate or {},
-                fast_track=fast_track,
-                rollback_of=rollback_of,
-                created_by=actor if getattr(actor, "is_authenticated", False) else None,
-                created=now,
-                progress_at=now,
-                next_run_at=now,
-                weights=routing_table.weights(),
-            )
+            # "One unfinished rollout per routing table" holds in the database:
+            # creates on one table queue on its row lock and each re-checks
+            # after the one before it committed; the partial unique constraint
+            # (one_unfinished_rollout_per_table) catches any path that skips
+            # the lock, or a database without row locks (SQLite serialises
+            # writers instead).
+            type(routing_table).objects.select_for_update().filter(pk=routing_table.pk).first()
+            check()
+            try:
+                with transaction.atomic():
+                    rollout = cls.objects.create(
+                        routing_table=routing_table,
+                        stable_pool=stable_pool,
+                        canary_pool=canary_pool,
+                        baseline_pool=baseline_pool,
+                        stable_revision=stable_revision,
+                        target_revision=target_revision,
+                        steps=steps,
+                        progress_deadline_seconds=progress_deadline_seconds,
+                        gate=gate or {},
+                        fast_track=fast_track,
+                        rollback_of=rollback_of,
+                        created_by=actor if getattr(actor, "is_authenticated", False) else None,
+                        created=now,
+                        progress_at=now,
+                        next_run_at=now,
+                        weights=routing_table.weights(),
+                    )
+            except IntegrityError as exc:
+                raise ValidationError({"non_field_errors": [BUSY_MESSAGE]}) from exc
             rollout.gate_status = GateStatus.PENDING if rollout.gate_required() else GateStatus.SKIPPED
             rollout.save(update_fields=["gate_status"])
             verb = "rollback" if fast_track else "create"
