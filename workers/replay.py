@@ -9,14 +9,29 @@ cache served. Never the users' text.
 Design note. Replay turns a workload back into requests (``sample``), pure
 and seeded:
 
-* lengths are drawn from the histograms (a bucket by its count, then
-  uniformly inside it; the buckets are a few percent wide, so the drawn
-  distribution follows the captured one to within KS noise);
+* lengths are drawn jointly, as captured: a (prompt bucket, output bucket)
+  pair of the joint histogram by its count, then uniformly inside each (the
+  buckets are a few percent wide, so the drawn distribution follows the
+  captured one to within KS noise). A workload stored before the joint
+  histogram existed draws the two independently from their marginals;
 * arrivals are a gamma renewal process at the recorded rate whose gaps have
-  the recorded coefficient of variation (1 is Poisson; above 1, bursts);
+  the recorded coefficient of variation (1 is Poisson; above 1, bursts),
+  observed from a stationary start: the window opens at a random moment of
+  the process, not on an arrival. Over a duration, the count is the
+  recorded rate times the duration exactly and the gaps are the process's
+  conditioned on that count (gamma gaps scaled to their sum): a fresh
+  process started at t=0 offers a bursty capture several times its rate,
+  and two draws of one rate differed by 60%, so repeats compared the load,
+  not the arms. The same seed is the same arrival and length sequence for
+  every arm (paired repeats);
 * prefix sharing: a share of the requests starts with a prefix common to
   all of them (a seeded "system prompt"), as long as makes the cached share
-  of prompt tokens the recorded one; the rest of each prompt is its own;
+  of prompt tokens the recorded one *within this replay*, counting that the
+  first such request on each cache (each worker) computes it cold; the rest
+  of each prompt is its own. The cache is reset before a replay, so each arm
+  builds its own hits rather than inheriting an earlier arm's. A high share
+  over few requests can fall short (a short first prompt on a cache stores
+  a short prefix); the arm's measured share shows it;
 * prompts are token ids of the served model's own tokenizer (ids of plain
   English words), so each prompt has exactly the drawn length.
 
@@ -131,12 +146,26 @@ class WorkloadSpec:
     prefix_request_share: float  # requests with any cached prompt tokens / requests
     num_requests: int
     duration_seconds: float
+    # (prompt bucket, output bucket, count) over the two histograms' buckets:
+    # the lengths as they came together. Empty in a spec stored before it
+    # existed: the lengths are then drawn independently.
+    joint: tuple[tuple[int, int, int], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["prompt_tokens"] = self.prompt_tokens.to_dict()
         data["output_tokens"] = self.output_tokens.to_dict()
+        data["joint"] = [list(cell) for cell in self.joint]
         return data
+
+    def lengths(self, rng: random.Random) -> tuple[int, int]:
+        """One (prompt tokens, output tokens) pair, drawn jointly when the
+        spec has the joint histogram."""
+        if not self.joint:
+            return self.prompt_tokens.sample(rng), self.output_tokens.sample(rng)
+        i, j, _ = rng.choices(self.joint, weights=[c for _, _, c in self.joint])[0]
+        p, o = self.prompt_tokens.edges, self.output_tokens.edges
+        return rng.randrange(p[i], p[i + 1]), rng.randrange(o[j], o[j + 1])
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> WorkloadSpec:
@@ -149,7 +178,20 @@ class WorkloadSpec:
             prefix_request_share=float(data["prefix_request_share"]),
             num_requests=int(data["num_requests"]),
             duration_seconds=float(data["duration_seconds"]),
+            joint=tuple((int(i), int(j), int(c)) for i, j, c in data.get("joint") or ()),
         )
+
+
+def joint_histogram(
+    prompt: Histogram, output: Histogram, pairs: Sequence[tuple[int, int]]
+) -> tuple[tuple[int, int, int], ...]:
+    """Counts of (prompt bucket, output bucket) over the two histograms' buckets."""
+    counts: dict[tuple[int, int], int] = {}
+    for p, o in pairs:
+        i = bisect.bisect_right(prompt.edges, max(1, p)) - 1
+        j = bisect.bisect_right(output.edges, max(1, o)) - 1
+        counts[(i, j)] = counts.get((i, j), 0) + 1
+    return tuple((i, j, c) for (i, j), c in sorted(counts.items()))
 
 
 def capture(observed: Sequence[Observed], duration_seconds: float) -> WorkloadSpec:
@@ -168,15 +210,18 @@ def capture(observed: Sequence[Observed], duration_seconds: float) -> WorkloadSp
     # began: the idle minutes before it (a fleet just started, a window wider
     # than the log) are not the workload's rate.
     active = duration_seconds - times[0] if 0 <= times[0] < duration_seconds else duration_seconds
+    prompt_hist = Histogram.of([o.prompt_tokens for o in observed])
+    output_hist = Histogram.of([o.output_tokens for o in observed])
     return WorkloadSpec(
-        prompt_tokens=Histogram.of([o.prompt_tokens for o in observed]),
-        output_tokens=Histogram.of([o.output_tokens for o in observed]),
+        prompt_tokens=prompt_hist,
+        output_tokens=output_hist,
         rate_per_second=len(observed) / active if active > 0 else float(len(observed)),
         burstiness=cv,
         prefix_hit_share=cached_total / prompt_total if prompt_total else 0.0,
         prefix_request_share=sum(1 for o in observed if o.cached_tokens > 0) / len(observed),
         num_requests=len(observed),
         duration_seconds=duration_seconds,
+        joint=joint_histogram(prompt_hist, output_hist, [(o.prompt_tokens, o.output_tokens) for o in observed]),
     )
 
 
@@ -211,11 +256,35 @@ def arrivals(
     duration_seconds: float | None = None,
     num_requests: int | None = None,
 ) -> list[float]:
-    """Gamma renewal arrivals: mean gap 1/rate, coefficient of variation ``cv``."""
+    """Gamma renewal arrivals (mean gap 1/rate, coefficient of variation
+    ``cv``) seen from a stationary start: the first gap is the residual of
+    the gap the window opens in (a length-biased gap, cut uniformly). Over
+    ``duration_seconds`` alone: exactly ``round(rate × duration)`` arrivals,
+    the gaps conditioned on that count (see the design note)."""
     shape = 1.0 / max(cv, 0.05) ** 2
     scale = 1.0 / (max(rate, 1e-9) * shape)
-    times: list[float] = []
-    t = 0.0
+    first = rng.gammavariate(shape + 1.0, scale) * rng.random()
+    if duration_seconds is not None and num_requests is None:
+        n = round(rate * duration_seconds)
+        if n <= 0:
+            return []
+        # n arrivals, then the wait past the last one to the window's end.
+        gaps = [first, *(rng.gammavariate(shape, scale) for _ in range(n))]
+        total = sum(gaps)
+        if total <= 0:  # every gap underflowed: evenly spaced is the limit
+            return [duration_seconds * (k + 1) / (n + 1) for k in range(n)]
+        times, t = [], 0.0
+        for gap in gaps[:n]:
+            t += gap
+            times.append(t * duration_seconds / total)
+        return times
+    times = []
+    t = first
+    if duration_seconds is not None and t >= duration_seconds:
+        return times
+    times.append(t)
+    if num_requests is not None and len(times) >= num_requests:
+        return times
     while True:
         t += rng.gammavariate(shape, scale)
         if duration_seconds is not None and t >= duration_seconds:
@@ -235,9 +304,14 @@ def sample(
     rate_scale: float = 1.0,
     block_size: int = DEFAULT_BLOCK_SIZE,
     max_model_len: int | None = None,
+    num_caches: int = 1,
 ) -> list[PlannedRequest]:
     """Seeded requests of the workload's lengths, rate and prefix sharing
-    (see the design note); over ``duration_seconds`` or ``num_requests``."""
+    (see the design note); over ``duration_seconds`` or ``num_requests``.
+    ``num_caches``: the prefix caches the requests are dealt to round-robin
+    (one per worker), each starting cold. One seed gives the same arrivals,
+    lengths and token ids whatever the block size; only where the shared
+    prefix ends moves to a block boundary."""
     if not vocabulary:
         raise ValueError("an empty vocabulary")
     if duration_seconds is None and num_requests is None:
@@ -250,27 +324,66 @@ def sample(
         duration_seconds=duration_seconds,
         num_requests=num_requests,
     )
-    reuse_p = spec.prefix_request_share
-    reuse_fraction = min(1.0, spec.prefix_hit_share / reuse_p) if reuse_p > 0 else 0.0
-    longest = spec.prompt_tokens.edges[-1]
-    shared = [rng.choice(vocabulary) for _ in range(longest)]
-    planned: list[PlannedRequest] = []
-    for t in times:
-        output = spec.output_tokens.sample(rng)
-        prompt = spec.prompt_tokens.sample(rng)
+    lengths = []
+    for _ in times:
+        prompt, output = spec.lengths(rng)
         if max_model_len is not None:
             output = min(output, max(1, max_model_len // 4))
             prompt = max(1, min(prompt, max_model_len - output))
-        prefix = 0
-        if reuse_fraction and rng.random() < reuse_p:
-            # The engine computes at least a prompt's last token: a prefix
-            # ends a whole block before it. Nearest block, so rounding does
-            # not bias the share.
-            ceiling = (prompt - 1) // block_size * block_size
-            prefix = min(ceiling, round(reuse_fraction * prompt / block_size) * block_size)
-        ids = shared[:prefix] + [rng.choice(vocabulary) for _ in range(prompt - prefix)]
+        lengths.append((prompt, output))
+    reusing = [rng.random() < spec.prefix_request_share for _ in times] if spec.prefix_hit_share > 0 else []
+    own = [[rng.choice(vocabulary) for _ in range(prompt)] for prompt, _ in lengths]
+    longest = max((prompt for prompt, _ in lengths), default=0)
+    shared = [rng.choice(vocabulary) for _ in range(longest)]
+    prompts = [prompt for prompt, _ in lengths]
+    num_blocks = prefix_blocks(prompts, reusing, spec.prefix_hit_share, block_size, num_caches)
+    planned: list[PlannedRequest] = []
+    for k, (t, (prompt, output)) in enumerate(zip(times, lengths, strict=True)):
+        prefix = _prefix(prompt, num_blocks, block_size) if reusing and reusing[k] else 0
+        ids = shared[:prefix] + own[k][prefix:]
         planned.append(PlannedRequest(t, "completions", output, prompt_token_ids=ids, target_prompt_tokens=prompt))
     return planned
+
+
+def _prefix(prompt: int, num_blocks: int, block_size: int) -> int:
+    """The shared prefix of a reusing prompt: ``num_blocks`` whole blocks, and
+    always a whole block short of its last token (which the engine computes)."""
+    return min(num_blocks * block_size, (prompt - 1) // block_size * block_size)
+
+
+def prefix_blocks(
+    prompts: Sequence[int], reusing: Sequence[bool], hit_share: float, block_size: int, num_caches: int = 1
+) -> int:
+    """The shared prefix's length, in blocks, whose hits come closest to
+    ``hit_share`` of the prompt tokens when the requests are dealt
+    round-robin to ``num_caches`` cold caches: a reusing request hits as much
+    of its prefix as an earlier one on its cache stored."""
+    total = sum(prompts)
+    if not total or hit_share <= 0 or not any(reusing):
+        return 0
+
+    def hits(num_blocks: int) -> int:
+        stored = [0] * max(1, num_caches)
+        hit = 0
+        for k, (prompt, reuses) in enumerate(zip(prompts, reusing, strict=False)):
+            if reuses:
+                prefix = _prefix(prompt, num_blocks, block_size)
+                cache = k % len(stored)
+                hit += min(prefix, stored[cache])
+                stored[cache] = max(stored[cache], prefix)
+        return hit
+
+    target = hit_share * total
+    low, high = 0, max(prompts) // block_size + 1
+    while low < high:  # the fewest blocks whose hits reach the target (hits rise with the length)
+        mid = (low + high) // 2
+        if hits(mid) >= target:
+            high = mid
+        else:
+            low = mid + 1
+    if low > 0 and abs(hits(low - 1) - target) <= abs(hits(low) - target):
+        return low - 1
+    return low
 
 
 def simulated_hit_share(planned: Sequence[PlannedRequest], block_size: int = DEFAULT_BLOCK_SIZE) -> float:
