@@ -13,6 +13,7 @@ tensors).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -29,9 +30,41 @@ PROMPT_BUCKETS: tuple[tuple[str, float], ...] = (
     (">32K", math.inf),
 )
 
-# A prefill of more than this many tokens (left to compute after its prefix-cache
-# hit) is long: the exporter splits decode gaps by whether one ran during them.
+# A prefill of more than ``long_prefill_tokens(max_model_len)`` tokens (left to
+# compute after its prefix-cache hit) is long: the exporter splits decode gaps by
+# whether one ran during them. Relative to the model's context, so that "long"
+# can happen on a 4,096-token model (256) as on a 131,072-token one (8,192).
+LONG_PREFILL_MIN_TOKENS = 64
+LONG_PREFILL_CONTEXT_SHARE = 16  # a sixteenth of the context
+
+# Deprecated: the old absolute threshold, kept only until the control plane's
+# advisor reads ``chunkpilot:long_prefill_tokens`` instead. Use long_prefill_tokens().
 LONG_PREFILL_TOKENS = 1024
+
+# Latency buckets fine enough to resolve the figures the product is about:
+# log-spaced, FINE_BUCKETS_PER_DOUBLING per doubling (no bucket wider than ~19.6%
+# after rounding to three digits), from 0.5 ms, so no quantile is interpolated
+# from zero across a 10-ms bucket.
+FINE_BUCKETS_LOWEST_SECONDS = 0.0005
+FINE_BUCKETS_PER_DOUBLING = 4
+
+
+def long_prefill_tokens(max_model_len: int) -> int:
+    """The long-prefill threshold for a model: max(64, max_model_len // 16)
+    (4,096-token context → 256; 131,072 → 8,192)."""
+    return max(LONG_PREFILL_MIN_TOKENS, max_model_len // LONG_PREFILL_CONTEXT_SHARE)
+
+
+def fine_buckets(highest: float, lowest: float = FINE_BUCKETS_LOWEST_SECONDS) -> tuple[float, ...]:
+    """Log-spaced bucket upper bounds from ``lowest`` until one reaches
+    ``highest``, ``FINE_BUCKETS_PER_DOUBLING`` per doubling, rounded to three
+    significant digits (so the ``le`` labels stay readable)."""
+    out: list[float] = []
+    k = 0
+    while not out or out[-1] < highest:
+        out.append(float(f"{lowest * 2 ** (k / FINE_BUCKETS_PER_DOUBLING):.3g}"))
+        k += 1
+    return tuple(out)
 
 
 # ---- basics ------------------------------------------------------------------
@@ -85,6 +118,28 @@ def max_gap_seconds(m: RequestMetrics) -> float | None:
     """The request's largest gap between two tokens (one stall sample); None under two tokens."""
     gaps = token_gaps(m)
     return max(gaps) if gaps else None
+
+
+def delivered(m: RequestMetrics, writes: Sequence[tuple[float, int]]) -> RequestMetrics:
+    """The request as its client saw it: ``writes`` are the worker's SSE events
+    that carried tokens, (write time, tokens in it); every token takes its
+    event's write time (tokens merged into one event share it), so the
+    per-request figures above read the delivered times. The engine's record
+    is left as it is."""
+    times = [at for at, n in writes for _ in range(n)]
+    return dataclasses.replace(m, token_times=times, first_token_time=times[0] if times else None)
+
+
+def delivery_lags(m: RequestMetrics, writes: Sequence[tuple[float, int]]) -> list[float]:
+    """Per written event, its write time minus the engine's production time of
+    its newest token (``m.token_times``); events past the record are left out."""
+    out = []
+    count = 0
+    for at, n in writes:
+        count += n
+        if 0 < count <= len(m.token_times):
+            out.append(at - m.token_times[count - 1])
+    return out
 
 
 def tpot_seconds(m: RequestMetrics) -> float | None:

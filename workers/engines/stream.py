@@ -10,16 +10,38 @@ posted in an output's place is raised, superseding deltas not yet read. A
 consumer that leaves before the end (closes the stream, is cancelled) calls
 ``on_abandoned``, with which the engine aborts the request and frees its
 blocks.
+
+Each merge is counted (``merged_deltas_total``, process-wide, exported as
+``chunkpilot:stream_merged_deltas_total``): a merge means the event loop fell
+behind the engine, and the tokens merged reach the client later than the
+engine made them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncGenerator, Callable
 
 from workers.engines.api import CompletionOutput, RequestOutput
 
 StreamItem = RequestOutput | BaseException  # an exception ends the stream
+
+# Deltas merged into an earlier one since the process started (every engine,
+# every event loop: a test may serve from several threads).
+_merged = 0
+_merged_lock = threading.Lock()
+
+
+def merged_deltas_total() -> int:
+    """Engine deltas merged into an earlier output because the consumer was behind."""
+    return _merged
+
+
+def _count_merged() -> None:
+    global _merged
+    with _merged_lock:
+        _merged += 1
 
 
 async def deltas(
@@ -32,7 +54,11 @@ async def deltas(
             item = await queue.get()
             while not isinstance(item, BaseException) and not item.finished and not queue.empty():
                 nxt = queue.get_nowait()
-                item = nxt if isinstance(nxt, BaseException) else merge(item, nxt)
+                if isinstance(nxt, BaseException):
+                    item = nxt
+                else:
+                    item = merge(item, nxt)
+                    _count_merged()
             if isinstance(item, BaseException):
                 finished = True  # the engine ended it: nothing to abort
                 raise item

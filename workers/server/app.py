@@ -19,6 +19,7 @@ import dataclasses
 import functools
 import json
 import logging
+import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -157,6 +158,17 @@ class _Run:
     finish_reason: str | None = None  # the final output's, kept for a non-streaming reply
     stop_reason: int | str | None = None
     metrics: RequestMetrics | None = None  # the final output's: the engine's record of the request
+    # Streaming: each SSE event that carried tokens, (time.monotonic() when
+    # written, its tokens), and the tokens received but not yet written (a
+    # split character waits for the next event): the client's view.
+    writes: list[tuple[float, int]] = dataclasses.field(default_factory=list)
+    unwritten: int = 0
+
+    def wrote(self) -> None:
+        """Stamp the event about to be written with the tokens it carries."""
+        if self.unwritten:
+            self.writes.append((time.monotonic(), self.unwritten))
+            self.unwritten = 0
 
 
 class OpenAIServer:
@@ -418,6 +430,9 @@ class OpenAIServer:
                         run.finish_reason, run.stop_reason = completion.finish_reason, completion.stop_reason
         except EngineError as exc:
             raise p.ApiError(f"The engine failed: {exc}", status=500, type="server_error") from exc
+        for run in runs:
+            if run.metrics is not None:  # a whole reply: the client gets every token at once
+                self.exporter.observe_delivered(run.metrics, None)
         choices = []
         for run in runs:
             text = "".join(texts[run.index])
@@ -524,6 +539,7 @@ class OpenAIServer:
                 async for run, out in outputs:
                     completion = out.outputs[0]
                     run.num_output_tokens += len(completion.token_ids)
+                    run.unwritten += len(completion.token_ids)
                     if out.finished:
                         run.finished = True
                         run.num_cached_tokens = out.num_cached_tokens
@@ -535,6 +551,7 @@ class OpenAIServer:
                     if not out.finished and lp is None:
                         # The hot path, once per token or so: a prebuilt frame
                         # around the JSON-escaped text, no dict to build or encode.
+                        run.wrote()
                         yield (
                             fast_head[run.index] + json.dumps(completion.text, ensure_ascii=False).encode() + fast_tail
                         )
@@ -555,7 +572,11 @@ class OpenAIServer:
                         }
                     if out.finished:
                         choice["stop_reason"] = completion.stop_reason
+                    run.wrote()
                     yield p.sse({**base, "choices": [choice]})
+            for run in runs:  # every stream ended: the figures as the client saw them
+                if run.metrics is not None:
+                    self.exporter.observe_delivered(run.metrics, run.writes)
             if req.include_usage:
                 yield p.sse(
                     {

@@ -6,7 +6,19 @@ through ``EngineObserver`` (``on_step``, ``on_request_finished``) and reads
 ``engine.load()`` at scrape time, so gauges are current even when no step has
 run since an abort freed blocks.
 
-* ``chunkpilot:*`` — always computed here, from the records.
+* ``chunkpilot:*`` — always computed here, from the records. The
+  client-facing latencies (TTFT, ITL, TPOT, the largest gap per request) are
+  measured where the user sees them: for a streamed request from the times
+  the server wrote each SSE event (``observe_delivered``, called by the
+  server when a stream ends); for a whole reply from the engine's token
+  times. The engine's own production times stay, named as such
+  (``chunkpilot:engine_request_max_gap_seconds``), beside the delivery
+  health (merged deltas, delivery lag).
+* Head-of-line blocking (``chunkpilot:decode_gap_*``) is accounted per
+  request: each pair of consecutive tokens of one request is a gap, "long"
+  if a step that ran a prefill of more than ``long_prefill_tokens`` (relative
+  to the model's context, ``figures.long_prefill_tokens``) overlapped it.
+  Time before a request's first token and idle time are never gaps.
 * ``vllm:*`` — for an engine with its own Prometheus metrics (the vLLM backend
   exposes ``prometheus_collector()``), vLLM's own families are served as they
   are; for any other engine (the reference engine) they are computed here
@@ -27,8 +39,9 @@ from __future__ import annotations
 
 import threading
 import time
+from bisect import bisect_left, bisect_right
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 from prometheus_client import (
@@ -43,6 +56,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from workers import figures
+from workers.engines import stream
 from workers.engines.api import EngineLoad, RequestMetrics, StepMetrics
 from workers.profile import EngineProfile
 
@@ -125,8 +139,13 @@ INTER_TOKEN_LATENCY_BUCKETS = (
     80.0,
 )
 ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
-# Chunkpilot's own: stalls reach seconds under monolithic prefill; chunk waits
-# start well below a step.
+# Chunkpilot's own latencies: log-spaced, 4 per doubling from 0.5 ms
+# (workers/figures.py:fine_buckets), so a 2-ms ITL or a 70-ms TTFT is
+# resolved instead of interpolated inside a bucket from 0 to 10 ms or from
+# 60 to 80 ms. Gaps, ITL and TPOT to 131 s; TTFT and prefill time to 70 min.
+FINE_LATENCY_BUCKETS = figures.fine_buckets(80.0)
+FINE_TTFT_BUCKETS = figures.fine_buckets(2560.0)
+# The former coarse stall buckets; the gateway's own histograms still use them.
 MAX_GAP_BUCKETS = (
     0.005,
     0.01,
@@ -221,14 +240,52 @@ BY_PROMPT_TTFT = "chunkpilot:time_to_first_token_by_prompt_seconds"
 BY_PROMPT_MAX_GAP = "chunkpilot:request_max_gap_by_prompt_seconds"
 BY_PROMPT_PREFILL = "chunkpilot:request_prefill_time_by_prompt_seconds"
 BY_PROMPT_HISTOGRAMS: tuple[tuple[str, str, tuple[float, ...]], ...] = (
-    (BY_PROMPT_TTFT, "Time to first token, by the request's prompt-length bucket.", TIME_TO_FIRST_TOKEN_BUCKETS),
+    (
+        BY_PROMPT_TTFT,
+        "Time to first token as delivered (its SSE event written), by the request's prompt-length bucket.",
+        FINE_TTFT_BUCKETS,
+    ),
     (
         BY_PROMPT_MAX_GAP,
-        "Per finished request, its largest gap between two tokens, by prompt-length bucket.",
-        MAX_GAP_BUCKETS,
+        "Per finished request, its largest gap between two token events as written, by prompt-length bucket.",
+        FINE_LATENCY_BUCKETS,
     ),
-    (BY_PROMPT_PREFILL, "First scheduled to first token, by prompt-length bucket.", REQUEST_LATENCY_BUCKETS),
+    (BY_PROMPT_PREFILL, "First scheduled to first token (engine), by prompt-length bucket.", FINE_TTFT_BUCKETS),
 )
+# Long-prefill steps are remembered this long (engine clock), for the gaps of
+# requests still running; a gap older than that is counted as "other".
+LONG_STEP_MEMORY_SECONDS = 3600.0
+LONG_STEP_MEMORY_COUNT = 100_000
+# A step overlaps a gap only by more than this: the step that produced the
+# gap's first token ends exactly at it (float noise aside).
+OVERLAP_EPSILON_SECONDS = 1e-6
+
+
+class _LongSteps:
+    """The (start, end) of recent steps that ran a long prefill, in order of
+    their end, for telling each request's gaps apart (engine thread)."""
+
+    def __init__(self) -> None:
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+
+    def add(self, start: float, end: float) -> None:
+        self.starts.append(start)
+        self.ends.append(end)
+        cut = max(bisect_left(self.ends, end - LONG_STEP_MEMORY_SECONDS), len(self.ends) - LONG_STEP_MEMORY_COUNT)
+        if cut > 0:
+            del self.starts[:cut], self.ends[:cut]
+
+    def overlaps(self, a: float, b: float) -> bool:
+        """Whether a long-prefill step ran during (a, b)."""
+        i = bisect_right(self.ends, a + OVERLAP_EPSILON_SECONDS)  # the first step ending after a
+        # Steps end in order and start in order, so the first one ending after
+        # ``a`` is the first candidate; later ones start no earlier.
+        while i < len(self.ends) and self.starts[i] < b - OVERLAP_EPSILON_SECONDS:
+            if min(self.ends[i], b) - max(self.starts[i], a) > OVERLAP_EPSILON_SECONDS:
+                return True
+            i += 1
+        return False
 
 
 class MetricsExporter:
@@ -240,17 +297,44 @@ class MetricsExporter:
         self._load: Callable[[], EngineLoad] | None = None
         self._native: Any = None  # the engine's own vllm:* registry, when it has one
         self._engine: Any = None
+        self.max_model_len = max_model_len
+        self.long_prefill_tokens = figures.long_prefill_tokens(max_model_len)
 
         # ---- chunkpilot:* -----------------------------------------------
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.max_gap = Histogram(
+
+        def fine(name: str, doc: str, buckets: tuple[float, ...] = FINE_LATENCY_BUCKETS) -> Any:
+            return Histogram(name, doc, LABELS, buckets=buckets, registry=r).labels(*self._labels)
+
+        # What the client sees: from the written SSE events (a whole reply: the engine's token times).
+        self.ttft = fine(
+            "chunkpilot:time_to_first_token_seconds",
+            "Per finished request, arrival to its first token as delivered (the first content event written).",
+            FINE_TTFT_BUCKETS,
+        )
+        self.itl = fine(
+            "chunkpilot:inter_token_latency_seconds",
+            "Per output token after the first, the time since the previous one as delivered "
+            "(tokens merged into one event share its write time).",
+        )
+        self.tpot = fine(
+            "chunkpilot:request_time_per_output_token_seconds",
+            "Per finished request, (last token - first token) / (tokens - 1) as delivered.",
+        )
+        self.max_gap = fine(
             "chunkpilot:request_max_gap_seconds",
-            "Per finished request, its largest gap between two tokens (stalls).",
-            LABELS,
-            buckets=MAX_GAP_BUCKETS,
-            registry=r,
-        ).labels(*self._labels)
+            "Per finished request, its largest gap between two token events as written: the user's stall.",
+        )
+        # The engine's own production times and the delivery's health.
+        self.engine_max_gap = fine(
+            "chunkpilot:engine_request_max_gap_seconds",
+            "Per finished request, its largest gap between two tokens as the engine produced them.",
+        )
+        self.delivery_lag = fine(
+            "chunkpilot:delivery_lag_seconds",
+            "Per written SSE event, its write time minus the engine's production time of its newest token.",
+        )
         # The latencies a prompt's length drives, per prompt-length bucket
         # (workers/figures.py:PROMPT_BUCKETS), so per-bucket figures cover the
         # engines' own histograms too. Every bucket's series exists from the
@@ -273,28 +357,22 @@ class MetricsExporter:
             "chunkpilot:step_tokens", "Tokens run by engine steps, by kind.", [*LABELS, "kind"], registry=r
         )
         self.steps = Counter("chunkpilot:steps", "Engine steps.", LABELS, registry=r).labels(*self._labels)
-        # Head-of-line blocking: the gap between two tokens of the requests
-        # decoding, split by whether a long prefill ran during it (engines
-        # whose steps say so: StepMetrics.max_prefill_tokens).
-        self.gap_long = Histogram(
+        # Head-of-line blocking, per request: the gap between two consecutive
+        # tokens of one request (engine times), split by whether a step that
+        # ran a long prefill overlapped it (engines whose steps say so:
+        # StepMetrics.max_prefill_tokens). Observed when the request finishes.
+        self.gap_long = fine(
             "chunkpilot:decode_gap_long_prefill_seconds",
-            f"Gaps between tokens of decoding requests while a prefill of more than {figures.LONG_PREFILL_TOKENS} "
-            "tokens ran, one per decode token.",
-            LABELS,
-            buckets=MAX_GAP_BUCKETS,
-            registry=r,
-        ).labels(*self._labels)
-        self.gap_other = Histogram(
+            "Per pair of consecutive tokens of one request, the gap between them when a step with a prefill of "
+            "more than chunkpilot:long_prefill_tokens tokens ran during it.",
+        )
+        self.gap_other = fine(
             "chunkpilot:decode_gap_other_seconds",
-            f"Gaps between tokens of decoding requests while no prefill of more than {figures.LONG_PREFILL_TOKENS} "
-            "tokens ran, one per decode token.",
-            LABELS,
-            buckets=MAX_GAP_BUCKETS,
-            registry=r,
-        ).labels(*self._labels)
+            "Per pair of consecutive tokens of one request, the gap between them when no long prefill ran during it.",
+        )
         self.long_prefill_steps = Counter(
             "chunkpilot:long_prefill_steps",
-            f"Engine steps during which a prefill of more than {figures.LONG_PREFILL_TOKENS} tokens ran.",
+            "Engine steps during which a prefill of more than chunkpilot:long_prefill_tokens tokens ran.",
             LABELS,
             registry=r,
         ).labels(*self._labels)
@@ -390,8 +468,8 @@ class MetricsExporter:
         self._held_seconds = 0.0  # the time the integrals above cover
         self._recent_peaks: deque[_Peak] = deque()
         # ---- head-of-line state (engine thread) ------------------------------
-        self._last_decode_end: float | None = None
-        self._long_since_decode = False
+        self._long_steps = _LongSteps()
+        self._steps_say_prefill = False  # a step said what prefill ran (max_prefill_tokens)
         # the largest prefill step seen: its tokens and its transient bytes
         self._activation: tuple[int, int] = (0, 0)
 
@@ -402,6 +480,10 @@ class MetricsExporter:
         if engine is self._engine:
             return
         self._engine = engine
+        max_model_len = getattr(engine, "max_model_len", None)
+        if isinstance(max_model_len, int) and max_model_len > 0:
+            self.max_model_len = max_model_len
+            self.long_prefill_tokens = figures.long_prefill_tokens(max_model_len)
         engine.add_observer(self)
         self._load = engine.load
         native = getattr(engine, "prometheus_collector", None)
@@ -458,24 +540,25 @@ class MetricsExporter:
             self.v_cache_hits.inc(step.prefix_cache_hits)
 
     def _observe_gaps(self, step: StepMetrics, end: float) -> None:
-        """A step that decodes ends the gap of every request decoding in it:
-        since the previous decoding step's end. The gap is a long-prefill one
-        if a long prefill ran in any step since then, this one included."""
+        """Remember a step that ran a long prefill; the gaps it lengthened are
+        told apart when their requests finish (``_observe_request_gaps``)."""
         if step.max_prefill_tokens is None:
             return
-        long = step.max_prefill_tokens > figures.LONG_PREFILL_TOKENS
-        if long:
+        self._steps_say_prefill = True
+        if step.max_prefill_tokens > self.long_prefill_tokens:
             self.long_prefill_steps.inc()
-        self._long_since_decode |= long
-        if not step.num_decode_tokens:
+            self._long_steps.add(step.start_time, end)
+
+    def _observe_request_gaps(self, m: RequestMetrics) -> None:
+        """Each gap between two consecutive tokens of the request, as a
+        long-prefill one if a long-prefill step overlapped it. Before the
+        first token there is no gap; idle time falls in no request's gap."""
+        if not self._steps_say_prefill:
             return
-        if self._last_decode_end is not None:
-            histogram = self.gap_long if self._long_since_decode else self.gap_other
-            gap = end - self._last_decode_end
-            for _ in range(step.num_decode_tokens):
-                histogram.observe(gap)
-        self._last_decode_end = end
-        self._long_since_decode = False
+        t = m.token_times
+        for i in range(1, len(t)):
+            histogram = self.gap_long if self._long_steps.overlaps(t[i - 1], t[i]) else self.gap_other
+            histogram.observe(t[i] - t[i - 1])
 
     def memory_figures(self) -> dict[str, float]:
         """Weights, KV bytes per token and activation bytes per prefill token
@@ -493,22 +576,37 @@ class MetricsExporter:
             out["activation_bytes_per_token"] = transient / tokens
         return out
 
-    def _observe_by_prompt(self, m: RequestMetrics, gap: float | None) -> None:
+    # ---- the client's view (the server's event loop) -----------------------------
+    def observe_delivered(self, metrics: RequestMetrics, writes: Sequence[tuple[float, int]] | None) -> None:
+        """A finished request's client-facing latencies. ``writes``: its SSE
+        events that carried tokens, (``time.monotonic()`` when written, tokens
+        in it), for a streamed request; None for a whole reply, whose tokens
+        reach the client at once and whose figures come from the engine's
+        token times."""
+        m = metrics if writes is None else figures.delivered(metrics, writes)
+        if writes is not None:
+            for lag in figures.delivery_lags(metrics, writes):
+                self.delivery_lag.observe(max(0.0, lag))
         bucket = figures.prompt_bucket(m.num_prompt_tokens)
         if (ttft := figures.ttft_seconds(m)) is not None:
+            self.ttft.observe(ttft)
             self.by_prompt[BY_PROMPT_TTFT].labels(*self._labels, bucket).observe(ttft)
-        if gap is not None:
+        for gap in figures.token_gaps(m):
+            self.itl.observe(gap)
+        if (tpot := figures.tpot_seconds(m)) is not None:
+            self.tpot.observe(tpot)
+        if (gap := figures.max_gap_seconds(m)) is not None:
+            self.max_gap.observe(gap)
             self.by_prompt[BY_PROMPT_MAX_GAP].labels(*self._labels, bucket).observe(gap)
-        if m.first_scheduled_time is not None and m.first_token_time is not None:
-            self.by_prompt[BY_PROMPT_PREFILL].labels(*self._labels, bucket).observe(
-                m.first_token_time - m.first_scheduled_time
-            )
 
     def on_request_finished(self, request_id: str, metrics: RequestMetrics, finish_reason: str) -> None:
-        gap = figures.max_gap_seconds(metrics)
-        if gap is not None:
-            self.max_gap.observe(gap)
-        self._observe_by_prompt(metrics, gap)
+        if (gap := figures.max_gap_seconds(metrics)) is not None:
+            self.engine_max_gap.observe(gap)
+        if metrics.first_scheduled_time is not None and metrics.first_token_time is not None:
+            self.by_prompt[BY_PROMPT_PREFILL].labels(
+                *self._labels, figures.prompt_bucket(metrics.num_prompt_tokens)
+            ).observe(metrics.first_token_time - metrics.first_scheduled_time)
+        self._observe_request_gaps(metrics)
         if self._native is not None:
             return
         m = metrics
@@ -616,6 +714,19 @@ class _HeldFigures(Collector):
         ):
             if key in memory:
                 yield gauge(f"chunkpilot:{key}", doc, memory[key])
+        yield gauge(
+            "chunkpilot:long_prefill_tokens",
+            "The long-prefill threshold in use: a prefill of more than this many tokens (left after its prefix "
+            "hit) is long (max(64, max_model_len // 16)).",
+            e.long_prefill_tokens,
+        )
+        yield gauge("chunkpilot:max_model_len", "The engine's context length, in tokens.", e.max_model_len)
+        yield counter(
+            "chunkpilot:stream_merged_deltas",
+            "Engine deltas merged into an earlier SSE event because the worker's event loop fell behind "
+            "(the whole process, every engine since it started).",
+            stream.merged_deltas_total(),
+        )
         yield counter(
             "chunkpilot:held_seconds",
             "The time the *_seconds integrals cover: divide their increase by this one's for the "

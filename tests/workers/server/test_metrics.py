@@ -29,7 +29,17 @@ VLLM_NAMES = {
     "vllm:iteration_tokens_total",
 }
 CHUNKPILOT_NAMES = {
+    "chunkpilot:time_to_first_token_seconds",
+    "chunkpilot:inter_token_latency_seconds",
+    "chunkpilot:request_time_per_output_token_seconds",
     "chunkpilot:request_max_gap_seconds",
+    "chunkpilot:engine_request_max_gap_seconds",
+    "chunkpilot:delivery_lag_seconds",
+    "chunkpilot:stream_merged_deltas_total",
+    "chunkpilot:decode_gap_long_prefill_seconds",
+    "chunkpilot:decode_gap_other_seconds",
+    "chunkpilot:long_prefill_tokens",
+    "chunkpilot:max_model_len",
     "chunkpilot:prefill_chunk_wait_seconds",
     "chunkpilot:kv_fragmentation_ratio",
     "chunkpilot:kv_fragmentation_ratio_seconds_total",
@@ -137,7 +147,9 @@ def test_request_figures_come_from_the_records():
     )
     exporter.on_request_finished("r", metrics, "length")
     text = exporter.render().decode()
-    assert metric_value(text, "chunkpilot:request_max_gap_seconds_sum") == 2.0
+    # the engine's own gap; the client's figures wait for the server (observe_delivered)
+    assert metric_value(text, "chunkpilot:engine_request_max_gap_seconds_sum") == 2.0
+    assert metric_value(text, "chunkpilot:request_max_gap_seconds_count") == 0
     assert metric_value(text, "vllm:time_to_first_token_seconds_sum") == 1.0
     assert metric_value(text, "vllm:request_queue_time_seconds_sum") == 0.5
     assert metric_value(text, "vllm:inter_token_latency_seconds_count") == 3
@@ -238,27 +250,47 @@ def gap_step(end, *, prefill=0, decode=2, longest=0, memory=1000, peak=1000):
     )
 
 
-def test_decode_gaps_are_split_by_whether_a_long_prefill_ran_during_them():
-    exporter, _ = exporter_with_engine(Clock(200.0))
-    exporter.on_step(gap_step(100.0))  # starts the gaps
-    exporter.on_step(gap_step(100.5))  # 0.5 s, nothing long ran
+def test_decode_gaps_are_each_requests_own_split_by_whether_a_long_prefill_ran_during_them():
+    exporter, _ = exporter_with_engine(Clock(200.0))  # max_model_len 4096: long is more than 256 tokens
+    exporter.on_step(gap_step(100.0))
+    exporter.on_step(gap_step(100.5))
     # a monolithic 2000-token prefill: decodes wait through it, then decode at 103.5
     exporter.on_step(gap_step(103.0, prefill=2000, decode=0, longest=2000))
-    exporter.on_step(gap_step(103.5))  # a 3-s gap with a long prefill in it
-    # a chunk of a long prompt beside the decodes (chunked): the gap is a long-prefill one too
+    exporter.on_step(gap_step(103.5))
+    # a chunk of a long prompt beside the decodes (chunked): its step's gap is a long-prefill one too
     exporter.on_step(gap_step(104.0, prefill=256, longest=5000))
     # a short prefill (the threshold itself is not long)
-    exporter.on_step(gap_step(104.5, prefill=1024, longest=1024))
+    exporter.on_step(gap_step(104.5, prefill=256, longest=256))
+    decoding = RequestMetrics(arrival_time=99.0, token_times=[100.0, 100.5, 103.5, 104.0, 104.5], num_output_tokens=5)
+    # the long prompt itself: its first token came out of the 103.0 step; before it there is no gap
+    long_one = RequestMetrics(arrival_time=100.2, token_times=[103.0, 103.5], num_output_tokens=2)
+    exporter.on_request_finished("a", decoding, "length")
+    exporter.on_request_finished("b", long_one, "length")
     text = exporter.render().decode()
-    assert metric_value(text, "chunkpilot:decode_gap_long_prefill_seconds_count") == 4  # two steps × two decodes
-    assert metric_value(text, "chunkpilot:decode_gap_long_prefill_seconds_sum") == 2 * 3.0 + 2 * 0.5
-    assert metric_value(text, "chunkpilot:decode_gap_other_seconds_count") == 4
-    assert metric_value(text, "chunkpilot:decode_gap_other_seconds_sum") == 4 * 0.5
+    assert metric_value(text, "chunkpilot:decode_gap_long_prefill_seconds_count") == 2  # 100.5→103.5, 103.5→104.0
+    assert metric_value(text, "chunkpilot:decode_gap_long_prefill_seconds_sum") == 3.0 + 0.5
+    assert metric_value(text, "chunkpilot:decode_gap_other_seconds_count") == 3  # 100→100.5, 104→104.5, b's one
+    assert metric_value(text, "chunkpilot:decode_gap_other_seconds_sum") == 3 * 0.5
     assert metric_value(text, "chunkpilot:long_prefill_steps_total") == 2
-    # prefill share of step time: 0.5 s whole, 0.5 × 256/258, 0.5 × 1024/1026
-    assert metric_value(text, "chunkpilot:prefill_seconds_total") == pytest.approx(
-        0.5 + 0.5 * 256 / 258 + 0.5 * 1024 / 1026
-    )
+    assert metric_value(text, "chunkpilot:long_prefill_tokens") == 256
+    assert metric_value(text, "chunkpilot:max_model_len") == 4096
+    # prefill share of step time: 0.5 s whole, 0.5 × 256/258 twice
+    assert metric_value(text, "chunkpilot:prefill_seconds_total") == pytest.approx(0.5 + 2 * 0.5 * 256 / 258)
+
+
+def test_idle_time_and_the_wait_for_a_first_token_are_never_gaps():
+    exporter, _ = exporter_with_engine(Clock(200.0))
+    exporter.on_step(gap_step(100.0, prefill=20, decode=0, longest=20))
+    exporter.on_step(gap_step(100.5, decode=1))
+    exporter.on_request_finished("short", RequestMetrics(arrival_time=99.4, token_times=[100.0, 100.5]), "length")
+    # 30 s of nothing, then a long prompt prefilled whole and decoded
+    exporter.on_step(gap_step(132.0, prefill=2000, decode=0, longest=2000))
+    exporter.on_step(gap_step(132.5, decode=1))
+    exporter.on_request_finished("long", RequestMetrics(arrival_time=131.0, token_times=[132.0, 132.5]), "length")
+    text = exporter.render().decode()
+    assert metric_value(text, "chunkpilot:decode_gap_long_prefill_seconds_count") == 0
+    assert metric_value(text, "chunkpilot:decode_gap_other_seconds_count") == 2
+    assert metric_value(text, "chunkpilot:decode_gap_other_seconds_sum") == 1.0
 
 
 def test_an_engine_that_does_not_say_what_prefill_ran_gets_no_gap_figures():

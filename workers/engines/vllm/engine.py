@@ -555,6 +555,7 @@ class VLLMEngine:
             prefill_chunk_waits=list(schedule.prefill_chunk_waits),
             prefix_cache_queries=prefix_cache.queries,
             prefix_cache_hits=prefix_cache.hits,
+            max_prefill_tokens=schedule.max_prefill_tokens,
         )
         for observer in self._observers:
             observer.on_step(step)

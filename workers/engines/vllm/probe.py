@@ -46,6 +46,10 @@ class StepSchedule:
     # Engine-internal request id → waits of the chunks it ran this step.
     chunk_waits_by_request: dict[str, float] = field(default_factory=dict)
     first_scheduled: list[str] = field(default_factory=list)
+    # The largest prefill running this step, in tokens left to compute after
+    # its prefix-cache hit (its whole prefill, taken at its first chunk): the
+    # advisor's long-prefill steps, as StepMetrics.max_prefill_tokens.
+    max_prefill_tokens: int = 0
 
 
 @dataclass
@@ -87,6 +91,8 @@ class VLLMProbe:
         # (arrival, or the end of its previous prefill chunk).
         self._ready_since: dict[str, float] = {}
         self._scheduled_once: set[str] = set()
+        # Engine-internal request id → its prefill left after its prefix hit, at its first chunk.
+        self._prefill_size: dict[str, int] = {}
         # Schedules since the last ``take_schedule``: one per step here; with
         # vLLM's batch queue (async scheduling on GPUs) a step may schedule a
         # batch whose tokens come back a step later, and none is lost.
@@ -121,6 +127,7 @@ class VLLMProbe:
     def forget(self, internal_id: str) -> None:
         self._ready_since.pop(internal_id, None)
         self._scheduled_once.discard(internal_id)
+        self._prefill_size.pop(internal_id, None)
 
     # ---- per step ----------------------------------------------------------
     def _classify(self, output: Any, start: float) -> StepSchedule:
@@ -145,6 +152,8 @@ class VLLMProbe:
                 self._scheduled_once.add(req_id)
                 step.first_scheduled.append(req_id)
             if prefill:
+                size = self._prefill_size.setdefault(req_id, prompt_left)
+                step.max_prefill_tokens = max(step.max_prefill_tokens, size)
                 ready = self._ready_since.get(req_id, start)
                 wait = max(0.0, start - ready)
                 step.prefill_chunk_waits.append(wait)
@@ -170,6 +179,7 @@ class VLLMProbe:
             step.prefill_chunk_waits += more.prefill_chunk_waits
             step.chunk_waits_by_request.update(more.chunk_waits_by_request)
             step.first_scheduled += more.first_scheduled
+            step.max_prefill_tokens = max(step.max_prefill_tokens, more.max_prefill_tokens)
         for req_id in step.chunk_waits_by_request:
             if req_id in self._ready_since:
                 self._ready_since[req_id] = end
