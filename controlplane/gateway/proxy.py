@@ -729,6 +729,8 @@ def _model_card(table: TableTarget) -> dict[str, Any]:
 def _json_object(body: bytes) -> dict[str, Any]:
     try:
         data = json.loads(body)
+    except RecursionError as exc:  # ``[`` × 100,000: past the interpreter's stack, not a server fault
+        raise ApiError(400, "the request body is nested too deeply.", code="invalid_json") from exc
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from exc
     if not isinstance(data, dict):

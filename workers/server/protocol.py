@@ -81,14 +81,38 @@ class CompletionRequest:
     return_token_ids: bool = False  # vLLM's extension: prompt_token_ids and token_ids per choice (not streamed)
 
 
+# OpenAI's deepest body (messages → content parts → image_url) is five levels;
+# the walks below recurse, and a library may raise the interpreter's limit.
+MAX_JSON_DEPTH = 32
+
+
+def _depth_over(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests deeper than ``limit``, walked without recursion."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        for child in children:
+            if isinstance(child, (dict, list)):
+                if depth + 1 > limit:
+                    return True
+                stack.append((child, depth + 1))
+    return False
+
+
 def parse_json(raw: bytes) -> dict[str, Any]:
     try:
         data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        if not isinstance(data, dict):
+            raise bad("the request body must be a JSON object.", code="invalid_json")
+        if _depth_over(data, MAX_JSON_DEPTH):
+            raise bad(f"the request body is nested deeper than {MAX_JSON_DEPTH} levels.", code="invalid_json")
+        _check_text(data, "")
+    except RecursionError as exc:  # ``[`` × 100,000: past the interpreter's stack, not a server fault
+        raise bad("the request body is nested too deeply.", code="invalid_json") from exc
+    except (ValueError, UnicodeDecodeError) as exc:
+        # JSONDecodeError, and an integer literal past Python's 4,300-digit limit
         raise bad(f"the request body is not valid JSON: {exc}", code="invalid_json") from exc
-    if not isinstance(data, dict):
-        raise bad("the request body must be a JSON object.", code="invalid_json")
-    _check_text(data, "")
     return data
 
 

@@ -141,6 +141,17 @@ def test_no_body_makes_the_gateway_answer_5xx(client: httpx.Client, body: dict[s
         assert isinstance(error["message"], str) and set(error) == {"message", "type", "param", "code"}
 
 
+NESTED = b'{"model":"m","prompt":"x","max_tokens":3,"user":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+HUGE_INTEGER = b'{"model":"m","prompt":"x","max_tokens":' + b"9" * 5000 + b"}"
+
+
+@pytest.mark.parametrize("body", [NESTED, HUGE_INTEGER], ids=["nested-100000-deep", "integer-5000-digits"])
+def test_bodies_past_the_parsers_limits_are_400s_in_openai_shape(client: httpx.Client, body: bytes) -> None:
+    response = client.post("/v1/completions", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["code"] == "invalid_json"
+
+
 def test_the_gateway_still_serves_after_the_fuzz(client: httpx.Client) -> None:
     response = client.post("/v1/completions", json={"model": "m", "prompt": "hi"})
     assert response.status_code == 200 and response.json()["choices"][0]["text"] == " ok"

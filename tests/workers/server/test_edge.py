@@ -98,6 +98,25 @@ def test_the_issues_poisoned_requests_are_400s_and_the_worker_stays_healthy(serv
     assert ok.status_code == 200
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        # the issue's 100,000 levels, cut to what this worker's 64 KB body limit lets through
+        b'{"prompt":"x","max_tokens":3,"user":' + b"[" * 30_000 + b"]" * 30_000 + b"}",
+        b'{"prompt":"x","max_tokens":3,"user":' + b"[" * 900 + b"]" * 900 + b"}",  # within json's own limit
+        b'{"prompt":"x","max_tokens":' + b"9" * 5000 + b"}",
+    ],
+    ids=["nested-30000-deep", "nested-900-deep", "integer-5000-digits"],
+)
+def test_bodies_past_the_parsers_limits_are_400s_and_the_worker_stays_healthy(server: str, body: bytes) -> None:
+    response = httpx.post(
+        f"{server}/v1/completions", content=body, headers={"Content-Type": "application/json"}, timeout=60
+    )
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["code"] == "invalid_json"
+    assert healthy(server)
+
+
 def test_a_tiny_temperature_is_served_not_fatal(server: str) -> None:
     for _ in range(2):
         response = httpx.post(

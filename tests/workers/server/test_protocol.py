@@ -156,3 +156,12 @@ def test_a_lone_surrogate_anywhere_is_a_400_naming_the_field(body: bytes, param:
 
 def test_a_surrogate_pair_is_text_and_passes() -> None:
     assert p.parse_json(b'{"prompt": "\\ud83d\\ude00"}')["prompt"] == "\U0001f600"
+
+
+def test_a_body_nested_to_the_limit_parses_and_one_level_more_is_a_400():
+    def nested(levels: int) -> bytes:  # the body object itself is level 1
+        return b'{"prompt": "x", "user": ' + b"[" * (levels - 1) + b"]" * (levels - 1) + b"}"
+
+    assert p.parse_json(nested(p.MAX_JSON_DEPTH))["prompt"] == "x"
+    err = error_of(p.parse_json, nested(p.MAX_JSON_DEPTH + 1))
+    assert (err.status, err.code) == (400, "invalid_json")
