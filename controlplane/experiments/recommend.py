@@ -1,22 +1,64 @@
-"""Which arm of an experiment to roll out, and why. Pure: dataclasses in
-and out, no Django.
+"""Which arm of an experiment to roll out, and why; or that none can be
+named. Pure: dataclasses in and out, no Django.
 
-Design note. An arm's score is its serving capacity when every contender
-measured one, else its goodput (requests/s that met both the TTFT and the
-TPOT objective). First, arms that failed or broke an objective (TTFT P99,
-TPOT P99, stall P99 over the objective, each judged on the mean over
-repeats) are set aside, each named with what it broke. Then the best
-score wins, unless another arm's score is within the two arms' spread over
-repeats: then throughput decides, under the same rule; and when that does
-not separate them either, the answer is a tie, with no winner. One repeat
-has no spread, so any difference decides.
+Design note. Every arm replays the same seeded requests in each repeat
+(repeat ``r`` of every arm is one arrival and length sequence), so two arms
+are compared **pair by pair**: the difference of their figures in repeat 0,
+in repeat 1, and so on. The spread is a bootstrap confidence interval of
+the mean of those paired differences (seeded, so one input gives one
+answer); load that differs between repeats cancels out of it.
+
+First, arms that failed, broke an objective (TTFT P99, TPOT P99, stall P99
+over the objective, on the mean over repeats) or ran under conditions
+unlike the workload's (``not_comparable``) are set aside, each named with
+why. Every arm is set beside the baseline (the pools' current profile
+unless the operator named another): its paired difference on the score,
+with the interval. Then, among the rest:
+
+* fewer than ``min_repeats`` repeats: no winner. One repeat has no spread,
+  so "0.304 req/s against 0.303" says nothing; the answer names the best
+  measured and says what a winner would need;
+* the best score wins when its paired difference against every other
+  contender has an interval clear of zero;
+* otherwise, among those it cannot be told from, throughput decides under
+  the same rule;
+* otherwise **no significant winner**, a first-class outcome: the arms
+  that could not be told apart are named, and the baseline is kept.
+
+The score is serving capacity when every contender measured it in every
+repeat, else goodput (requests/s that met both the TTFT and the TPOT
+objective).
 """
 
 from __future__ import annotations
 
+import math
+import random
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
+
+DEFAULT_REPEATS = 3
+MIN_REPEATS = 2  # pairs below this have no interval
+CONFIDENCE = 0.95
+NUM_RESAMPLES = 2000
+
+
+class Outcome(StrEnum):
+    WINNER = "winner"
+    NO_SIGNIFICANT_WINNER = "no_significant_winner"
+    NEEDS_REPEATS = "needs_repeats"
+    NONE_MET = "none_met"  # every arm failed, broke an objective or was not comparable
+
+    @property
+    def label(self) -> str:
+        return {
+            Outcome.WINNER: "winner",
+            Outcome.NO_SIGNIFICANT_WINNER: "no significant winner",
+            Outcome.NEEDS_REPEATS: "needs more repeats",
+            Outcome.NONE_MET: "no arm qualifies",
+        }[self]
 
 
 @dataclass(frozen=True)
@@ -28,7 +70,8 @@ class Objectives:
 
 @dataclass(frozen=True)
 class ArmFigures:
-    """One arm's figures, one value per repeat."""
+    """One arm's figures, one value per repeat, in repeat order (value ``r``
+    of every arm is from the same requests)."""
 
     name: str
     goodput: Sequence[float] = ()
@@ -38,23 +81,45 @@ class ArmFigures:
     stall_p99_seconds: Sequence[float] = ()
     capacity: Sequence[float] = ()  # empty: not measured
     failed: str = ""  # why the arm produced no figures
+    not_comparable: str = ""  # why its conditions were not the workload's
 
 
 @dataclass(frozen=True)
-class Spread:
+class Difference:
+    """Mean of the paired differences (a − b) and its bootstrap interval."""
+
     mean: float
-    half_range: float  # (max − min) / 2 over repeats; 0 for one repeat
+    low: float
+    high: float
+    num_pairs: int
 
-    @classmethod
-    def of(cls, values: Sequence[float]) -> Spread:
-        if not values:
-            return cls(0.0, 0.0)
-        return cls(statistics.fmean(values), (max(values) - min(values)) / 2)
+    @property
+    def significant(self) -> bool:
+        return self.num_pairs >= MIN_REPEATS and (self.low > 0 or self.high < 0)
 
-    def overlaps(self, other: Spread) -> bool:
-        """Within each other's noise: the gap is at most the two half-ranges.
-        With no spread on either side, only equal means overlap."""
-        return abs(self.mean - other.mean) <= self.half_range + other.half_range
+    def to_json(self) -> dict[str, float | int]:
+        return {"mean": self.mean, "low": self.low, "high": self.high, "num_pairs": self.num_pairs}
+
+
+def paired_difference(
+    a: Sequence[float], b: Sequence[float], *, seed: int = 0, num_resamples: int = NUM_RESAMPLES
+) -> Difference:
+    """a − b repeat by repeat; the percentile bootstrap interval of the mean
+    (``CONFIDENCE``), seeded. One pair: the interval is the value itself,
+    and never significant."""
+    diffs = [x - y for x, y in zip(a, b, strict=False)]
+    if not diffs:
+        return Difference(math.nan, math.nan, math.nan, 0)
+    mean = statistics.fmean(diffs)
+    if len(diffs) < MIN_REPEATS:
+        return Difference(mean, mean, mean, len(diffs))
+    rng = random.Random(seed)
+    n = len(diffs)
+    means = sorted(statistics.fmean(rng.choices(diffs, k=n)) for _ in range(num_resamples))
+    tail = (1 - CONFIDENCE) / 2
+    low = means[int(math.floor(tail * (num_resamples - 1)))]
+    high = means[int(math.ceil((1 - tail) * (num_resamples - 1)))]
+    return Difference(mean, low, high, n)
 
 
 @dataclass(frozen=True)
@@ -64,14 +129,21 @@ class Recommendation:
     reasons: tuple[str, ...]
     broke: dict[str, list[str]] = field(default_factory=dict)  # arm → what it broke (or why it failed)
     tied: tuple[str, ...] = ()  # the arms that could not be told apart, best first
+    outcome: Outcome = Outcome.WINNER
+    baseline: str | None = None
+    versus_baseline: dict[str, Difference] = field(default_factory=dict)  # arm → (arm − baseline) on the basis
 
     def to_json(self) -> dict[str, object]:
         return {
             "winner": self.winner,
+            "outcome": self.outcome.value,
+            "outcome_label": self.outcome.label,
             "basis": self.basis,
             "reasons": list(self.reasons),
             "broke": self.broke,
             "tied": list(self.tied),
+            "baseline": self.baseline,
+            "versus_baseline": {name: d.to_json() for name, d in self.versus_baseline.items()},
         }
 
 
@@ -92,71 +164,130 @@ def violations(arm: ArmFigures, objectives: Objectives) -> list[str]:
     return out
 
 
-def recommend(arms: Sequence[ArmFigures], objectives: Objectives) -> Recommendation:
+def _interval(d: Difference, unit: str) -> str:
+    return (
+        f"{d.mean:+.3g} {unit} (95% interval {d.low:+.3g} to {d.high:+.3g}, "
+        f"{d.num_pairs} paired repeat{'s' if d.num_pairs != 1 else ''})"
+    )
+
+
+def recommend(
+    arms: Sequence[ArmFigures],
+    objectives: Objectives,
+    *,
+    baseline: str | None = None,
+    seed: int = 0,
+    min_repeats: int = MIN_REPEATS,
+) -> Recommendation:
+    """See the design note. ``baseline``: the arm the others are set
+    beside (default: the one named "baseline", else the first)."""
+    names = [a.name for a in arms]
+    if baseline not in names:
+        baseline = "baseline" if "baseline" in names else (names[0] if names else None)
+
+    # First, set aside what cannot win.
     broke: dict[str, list[str]] = {}
     for arm in arms:
         if arm.failed:
             broke[arm.name] = [f"failed: {arm.failed}"]
-        elif problems := violations(arm, objectives):
+            continue
+        problems = violations(arm, objectives)
+        if arm.not_comparable:
+            problems.append(f"not comparable: {arm.not_comparable}")
+        if problems:
             broke[arm.name] = problems
     contenders = [a for a in arms if a.name not in broke]
     broke_reasons = tuple(
-        f"{name} broke an objective: {'; '.join(why)}" if not why[0].startswith("failed") else f"{name} {why[0]}"
+        f"{name} {why[0]}"
+        if why[0].startswith(("failed", "not comparable"))
+        else f"{name} broke an objective: {'; '.join(why)}"
         for name, why in broke.items()
     )
-    if not contenders:
-        return Recommendation(
-            None, "goodput", ("no arm met every objective; none is recommended", *broke_reasons), broke
-        )
-    basis = "capacity" if all(a.capacity for a in contenders) else "goodput"
-
-    def score(a: ArmFigures) -> Spread:
-        return Spread.of(a.capacity if basis == "capacity" else a.goodput)
-
-    def throughput(a: ArmFigures) -> Spread:
-        return Spread.of(a.throughput)
-
-    ranked = sorted(contenders, key=lambda a: (score(a).mean, throughput(a).mean), reverse=True)
-    best = ranked[0]
-    near = [a for a in ranked if score(a).overlaps(score(best))]
+    basis = "capacity" if contenders and all(len(a.capacity) >= min_repeats for a in contenders) else "goodput"
     unit = "req/s"
-    if len(near) == 1:
-        runner = f"; next {ranked[1].name} at {score(ranked[1]).mean:.3g} {unit}" if len(ranked) > 1 else ""
-        return Recommendation(
+
+    def score(a: ArmFigures) -> Sequence[float]:
+        return a.capacity if basis == "capacity" else a.goodput
+
+    # Every arm beside the baseline.
+    base = next((a for a in arms if a.name == baseline), None)
+    versus = {
+        a.name: paired_difference(score(a), score(base), seed=seed)
+        for a in arms
+        if base is not None and a.name != base.name and not a.failed and score(a) and score(base)
+    }
+
+    def result(
+        winner: str | None, outcome: Outcome, reasons: tuple[str, ...], tied: tuple[str, ...] = ()
+    ) -> Recommendation:
+        return Recommendation(winner, basis, (*reasons, *broke_reasons), broke, tied, outcome, baseline, versus)
+
+    if not contenders:
+        return result(None, Outcome.NONE_MET, ("no arm met every objective; none is recommended",))
+
+    def mean(values: Sequence[float]) -> float:
+        return statistics.fmean(values) if values else 0.0
+
+    ranked = sorted(contenders, key=lambda a: (mean(score(a)), mean(a.throughput)), reverse=True)
+    best = ranked[0]
+    repeats = min(len(score(a)) for a in contenders)
+    if repeats < min_repeats:
+        runner = f"; next {ranked[1].name} at {mean(score(ranked[1])):.3g} {unit}" if len(ranked) > 1 else ""
+        return result(
+            None,
+            Outcome.NEEDS_REPEATS,
+            (
+                f"no winner from {repeats} repeat{'s' if repeats != 1 else ''}: a difference needs a confidence "
+                f"interval, which needs at least {min_repeats} paired repeats ({DEFAULT_REPEATS} recommended). "
+                f"Measured best: {best.name} at {mean(score(best)):.3g} ± 0 {unit}{runner}",
+            ),
+        )
+    if len(ranked) == 1:
+        return result(
             best.name,
-            basis,
-            (
-                f"{best.name} has the highest {basis}: {score(best).mean:.3g} ± {score(best).half_range:.2g} {unit}"
-                f"{runner}",
-                *broke_reasons,
-            ),
-            broke,
+            Outcome.WINNER,
+            (f"{best.name} is the only arm that met every objective: {mean(score(best)):.3g} {unit} of {basis}",),
         )
-    # Within each other's noise on the score: throughput breaks the tie.
-    by_throughput = sorted(near, key=lambda a: throughput(a).mean, reverse=True)
+
+    # The best score wins when it is clear of every other contender.
+    gaps = {a.name: paired_difference(score(best), score(a), seed=seed) for a in ranked[1:]}
+    near = [a for a in ranked[1:] if not gaps[a.name].significant]
+    keep = " (the current profile: keep it)" if best.name == baseline else ""
+    if not near:
+        runner = ranked[1]
+        return result(
+            best.name,
+            Outcome.WINNER,
+            (
+                f"{best.name} has the highest {basis}{keep}: {mean(score(best)):.3g} {unit}; against the next, "
+                f"{runner.name}: {_interval(gaps[runner.name], unit)}",
+            ),
+        )
+    # Within each other's interval on the score: throughput, under the same rule.
+    group = [best, *near]
+    by_throughput = sorted(group, key=lambda a: mean(a.throughput), reverse=True)
     top = by_throughput[0]
-    still = [a for a in by_throughput if throughput(a).overlaps(throughput(top))]
-    names = ", ".join(a.name for a in near)
-    if len(still) == 1:
-        return Recommendation(
+    t_gaps = {a.name: paired_difference(top.throughput, a.throughput, seed=seed) for a in by_throughput[1:]}
+    if all(d.significant for d in t_gaps.values()):
+        runner = by_throughput[1]
+        return result(
             top.name,
-            basis,
+            Outcome.WINNER,
             (
-                f"{names} are within their spread on {basis}; {top.name} has the highest throughput: "
-                f"{throughput(top).mean:.4g} tok/s",
-                *broke_reasons,
+                f"{', '.join(a.name for a in group)} cannot be told apart on {basis}; {top.name} has the highest "
+                f"throughput: {mean(top.throughput):.4g} tok/s; against {runner.name}: "
+                f"{_interval(t_gaps[runner.name], 'tok/s')}",
             ),
-            broke,
         )
-    tied = tuple(a.name for a in still)
-    return Recommendation(
+    tied = tuple(a.name for a in group)
+    return result(
         None,
-        basis,
+        Outcome.NO_SIGNIFICANT_WINNER,
         (
-            f"no winner: {', '.join(tied)} differ by less than their spread over repeats on {basis} and on "
-            "throughput; run more repeats or longer arms to tell them apart",
-            *broke_reasons,
+            f"no significant winner: the paired differences of {', '.join(tied)} on {basis} and on throughput have "
+            f"95% intervals that include zero over {repeats} repeats; "
+            + (f"keep {baseline}" if any(a.name == baseline for a in contenders) else "none is clearly better")
+            + ", or run more repeats or longer arms to tell them apart",
         ),
-        broke,
         tied,
     )
