@@ -187,6 +187,9 @@ def server_error(request: HttpRequest) -> HttpResponse:
     exc = sys.exc_info()[1]
     store = store_down(exc) if exc is not None else None
     if store is None:
+        if request.path.startswith("/api/"):
+            # An API client parses JSON in every case, an unexpected error included.
+            return JsonResponse({"detail": "internal server error; the control plane's log has the cause."}, status=500)
         return defaults.server_error(request)
     note(store, exc, request.path)  # type: ignore[arg-type]
     return response_for(request, store)

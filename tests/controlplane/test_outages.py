@@ -10,11 +10,14 @@ from __future__ import annotations
 import time
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import httpx
 import pytest
+from django.test import Client
 
 from controlplane import outages
+from controlplane.fleet.api import PoolViewSet
 from tests.conftest import control_plane_env
 from tests.support import PYTHON, free_port, running
 from workers.contract import HEARTBEAT_PATH
@@ -117,3 +120,19 @@ def test_a_database_error_is_an_outage_only_when_the_server_did_not_answer(cause
     wrapped = OperationalError("x")
     wrapped.__cause__ = (getattr(psycopg.errors, cause, None) or getattr(psycopg, cause))("x")
     assert outages.store_down(wrapped) == store
+
+
+@pytest.mark.django_db
+def test_an_unexpected_error_under_api_is_a_json_500_and_a_page_keeps_the_html_one(operator: Any) -> None:
+    """The backstop for a bug: an API client still gets JSON it can parse.
+    The fault is injected by patching one view (nothing real fails on demand)."""
+    client = Client(raise_request_exception=False)
+    client.force_login(operator)
+    with mock.patch.object(PoolViewSet, "list", autospec=True, side_effect=RuntimeError("a bug")):
+        api = client.get("/api/v1/pools/")
+    assert api.status_code == 500
+    assert api["Content-Type"].startswith("application/json")
+    assert "internal server error" in api.json()["detail"]
+    with mock.patch("dashboards.fleet.views.render", autospec=True, side_effect=RuntimeError("a bug")):
+        page = client.get("/")
+    assert page.status_code == 500 and page["Content-Type"].startswith("text/html")
