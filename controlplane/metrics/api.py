@@ -103,6 +103,7 @@ class FiguresView(APIView):
                     {**f.describe(), "group_by": list(figures.group_by_choices(f))} for f in figures.FIGURES.values()
                 ],
                 "panel": list(figures.PANEL_FIGURES),
+                "percentile_rules": figures.PERCENTILE_RULES,
                 "length_buckets": list(query.catalogue.LENGTH_BUCKET_LABELS),
             }
         )
@@ -114,25 +115,34 @@ class QueryView(APIView):
         now = timezone.now()
         try:
             args = _common(request)
-            values = query.query(
-                args["figure"].name, args["window"], args["group_by"], args["selector"], now, args["objectives"]
-            )
+            f = args["figure"]
+            names = [f.name, f.samples] if f.samples else [f.name]
+            both = query.query_many(names, args["window"], args["group_by"], args["selector"], now, args["objectives"])
         except query.QueryError as exc:
             return _bad(exc)
         except query.BackendUnavailable as exc:
             return unavailable(exc)
-        f = args["figure"]
-        return Response(
-            {
-                "figure": f.name,
-                "unit": f.unit,
-                "direction": f.direction.value,
-                "window_seconds": args["window"],
-                "group_by": args["group_by"],
-                "at": now.isoformat(),
-                "values": values,
-            }
-        )
+        values = both[f.name]
+        out: dict[str, Any] = {
+            "figure": f.name,
+            "unit": f.unit,
+            "direction": f.direction.value,
+            "window_seconds": args["window"],
+            "group_by": args["group_by"],
+            "at": now.isoformat(),
+            "values": values,
+        }
+        if f.samples:
+            samples = {group: both[f.samples].get(group) for group in values}
+            out.update(_percentile_fields(f))
+            out["samples"] = samples
+            out["few_samples"] = {group: figures.few_samples(f.quantile, n) for group, n in samples.items()}
+        return Response(out)
+
+
+def _percentile_fields(f: figures.Figure) -> dict[str, Any]:
+    """What a percentile's answer says about itself: which, by which rule, and what counts its samples."""
+    return {"quantile": f.quantile, "percentile_rule": f.percentile_rule, "samples_figure": f.samples}
 
 
 class QueryRangeView(APIView):
@@ -153,8 +163,9 @@ class QueryRangeView(APIView):
             end = _time(params.get("end"), "end") or timezone.now()
             span = query.parse_duration(params.get("range", "1h"), "range")
             step = query.parse_duration(params["step"], "step") if params.get("step") else max(60.0, span / 120)
-            result = query.query_range(
-                args["figure"].name,
+            f = args["figure"]
+            results = query.query_range_many(
+                [f.name, f.samples] if f.samples else [f.name],
                 args["window"],
                 args["group_by"],
                 args["selector"],
@@ -167,19 +178,26 @@ class QueryRangeView(APIView):
             return _bad(exc)
         except query.BackendUnavailable as exc:
             return unavailable(exc)
-        f = args["figure"]
-        return Response(
-            {
-                "figure": f.name,
-                "unit": f.unit,
-                "direction": f.direction.value,
-                "window_seconds": args["window"],
-                "group_by": args["group_by"],
-                "step_seconds": step,
-                "times": result.times,
-                "series": result.series,
+        result = results[f.name]
+        out: dict[str, Any] = {
+            "figure": f.name,
+            "unit": f.unit,
+            "direction": f.direction.value,
+            "window_seconds": args["window"],
+            "group_by": args["group_by"],
+            "step_seconds": step,
+            "times": result.times,
+            "series": result.series,
+        }
+        if f.samples:
+            counted = results[f.samples].series
+            samples = {group: counted.get(group, [None] * len(result.times)) for group in result.series}
+            out.update(_percentile_fields(f))
+            out["samples"] = samples
+            out["few_samples"] = {
+                group: [figures.few_samples(f.quantile, n) for n in counts] for group, counts in samples.items()
             }
-        )
+        return Response(out)
 
 
 # Times a query may end at: a range back from them must still be a datetime.

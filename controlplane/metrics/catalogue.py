@@ -44,8 +44,16 @@ COUNTERS: tuple[str, ...] = (
     "chunkpilot:held_seconds_total",
     "chunkpilot:long_prefill_steps_total",
     "chunkpilot:prefill_seconds_total",
+    "chunkpilot:stream_merged_deltas_total",
 )
 HISTOGRAMS: tuple[str, ...] = (
+    # As the client sees them (written SSE events), in fine buckets: what the figures read.
+    "chunkpilot:time_to_first_token_seconds",
+    "chunkpilot:inter_token_latency_seconds",
+    "chunkpilot:request_time_per_output_token_seconds",
+    "chunkpilot:engine_request_max_gap_seconds",
+    "chunkpilot:delivery_lag_seconds",
+    # vLLM's names and buckets, the engine's production times (experiments compare them).
     "vllm:time_to_first_token_seconds",
     "vllm:inter_token_latency_seconds",
     "vllm:request_time_per_output_token_seconds",
@@ -74,6 +82,8 @@ GAUGES: tuple[str, ...] = (
     "chunkpilot:weight_bytes",
     "chunkpilot:kv_bytes_per_token",
     "chunkpilot:activation_bytes_per_token",
+    "chunkpilot:long_prefill_tokens",
+    "chunkpilot:max_model_len",
 )
 # The one gauge read as a maximum over a window (docs/architecture.md, "Metrics": a window's memory
 # peak is the max of its scrapes). Stored beside the vector as a column so a

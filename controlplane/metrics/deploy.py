@@ -75,6 +75,10 @@ _CHARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
 _BESIDE: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ITL P99", ("itl_p99",)),
     ("Stalls P99 (largest gap per request)", ("stall_p99",)),
+    ("Stalls P99: as written vs as the engine produced", ("stall_p99", "engine_stall_p99")),
+    ("Delivery lag P99", ("delivery_lag_p99",)),
+    ("Merged deltas/s", ("merged_deltas_per_second",)),
+    ("Samples behind the percentiles (requests)", ("ttft_samples", "stall_samples")),
     ("TPOT (mean, P99)", ("tpot_mean", "tpot_p99")),
     ("Queue time (mean, P99)", ("queue_time_mean", "queue_time_p99")),
     ("Token mix per step", ("prefill_tokens_per_step", "decode_tokens_per_step")),
@@ -90,8 +94,11 @@ def _panel(panel_id: int, title: str, names: tuple[str, ...], x: int, y: int, wi
     if chosen[0].unit == "tokens/s" or chosen[0].unit == "tokens/step":
         unit = "none"
     targets = []
+    last_words = [f.label.split()[-1] for f in chosen]
     for i, f in enumerate(chosen):
-        suffix = "" if len(chosen) == 1 else f" {f.label.split()[-1]}"
+        # One word tells them apart (mean, P99), else the whole label.
+        word = last_words[i] if len(set(last_words)) == len(chosen) else f.label
+        suffix = "" if len(chosen) == 1 else f" {word}"
         targets.append(
             {
                 "refId": chr(ord("A") + i),
@@ -343,6 +350,11 @@ RECORDED = (
     "decode_tokens_per_step",
     "preemptions_per_second",
     "prefix_cache_hit_rate",
+    "ttft_samples",
+    "stall_samples",
+    "engine_stall_p99",
+    "delivery_lag_p99",
+    "merged_deltas_per_second",
 )
 
 

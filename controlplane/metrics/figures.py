@@ -37,7 +37,6 @@ import numpy as np
 from controlplane.metrics import catalogue, promql
 from controlplane.metrics.catalogue import Layout
 from controlplane.metrics.promql import Floats
-from workers.figures import percentile
 
 
 class Direction(StrEnum):
@@ -74,6 +73,8 @@ class RequestRows:
     e2e: Floats
     # bool: the gateway ended the stream its worker stopped feeding (598); None: not read
     timed_out: np.ndarray | None = None
+    # bool: the client went away before the answer was done (499); None: not read
+    cancelled: np.ndarray | None = None
 
     @classmethod
     def empty(cls) -> RequestRows:
@@ -87,6 +88,7 @@ class RequestRows:
             nothing,
             nothing,
             np.zeros(0, dtype=bool),
+            np.zeros(0, dtype=bool),
         )
 
     def take(self, index: np.ndarray | slice) -> RequestRows:
@@ -99,7 +101,12 @@ class RequestRows:
             self.max_gap[index],
             self.e2e[index],
             None if self.timed_out is None else self.timed_out[index],
+            None if self.cancelled is None else self.cancelled[index],
         )
+
+    def served(self) -> np.ndarray:
+        """Rows the service answered: every one but those the client cancelled (499)."""
+        return np.ones(len(self.created), dtype=bool) if self.cancelled is None else ~self.cancelled
 
 
 @dataclass(frozen=True)
@@ -162,8 +169,12 @@ class Figure:
     promql: str = ""
     needs_peak_memory: bool = False
     display: str = ""  # how to show a value: duration, percent, times, rate, number (default: from the unit)
-    # (histogram, quantile) the worker labels by prompt-length bucket: the figure per length bucket
-    by_prompt: tuple[str, float] | None = None
+    # (histogram, quantile) the worker labels by prompt-length bucket: the figure per length bucket;
+    # quantile None: the histogram's sample count
+    by_prompt: tuple[str, float | None] | None = None
+    # A percentile figure: its q (0.99 for a P99), and the figure that counts the samples it rests on
+    quantile: float | None = None
+    samples: str = ""
     _scrape: ScrapeFn | None = field(default=None, repr=False, compare=False)
     _requests: RequestFn | None = field(default=None, repr=False, compare=False)
 
@@ -179,7 +190,8 @@ class Figure:
         histogram, q = self.by_prompt
         if not group.targets:
             return np.full(group.num_points, np.nan)
-        return _quantile(q, catalogue.by_prompt(histogram, bucket))(group)
+        name = catalogue.by_prompt(histogram, bucket)
+        return group.sum_key(f"{name}_count") if q is None else _quantile(q, name)(group)
 
     def from_targets(self, targets: Sequence[TargetWindows], num_points: int) -> Floats:
         return self.from_group(Group(targets, num_points))
@@ -198,7 +210,14 @@ class Figure:
         """A value as a person reads it; no data is an em dash, never 0."""
         return format_value(value, self.display_kind, self.unit)
 
-    def describe(self) -> dict[str, str]:
+    @property
+    def percentile_rule(self) -> str:
+        """How this figure's percentile is computed ("" for a figure that is no percentile)."""
+        if self.quantile is None:
+            return ""
+        return PERCENTILE_RULES[self.source]
+
+    def describe(self) -> dict[str, str | float | None]:
         return {
             "name": self.name,
             "label": self.label,
@@ -208,7 +227,37 @@ class Figure:
             "description": self.description,
             "promql": self.promql,
             "display": self.display_kind,
+            "quantile": self.quantile,
+            "percentile_rule": self.percentile_rule,
+            "samples_figure": self.samples or None,
         }
+
+
+# One percentile definition per source, said wherever a percentile is shown.
+PERCENTILE_RULES: dict[str, str] = {
+    "requests": "nearest rank: of the window's n requests sorted, the one at rank ceil(q·n) "
+    "(a benchmark client's definition, as guidellm's)",
+    "scrape": "Prometheus' histogram_quantile over the window's summed bucket increases "
+    "(linear within the bucket the rank falls in)",
+}
+
+
+def few_samples(q: float | None, samples: float | None) -> bool:
+    """Whether a q-percentile over this many samples is decided by the single
+    slowest one or a handful (a P99 over fewer than 100, a P95 under 20):
+    the figure is fragile and the pages say so. No count: not marked."""
+    if q is None or samples is None or not math.isfinite(samples):
+        return False
+    return samples < round(1 / (1 - q)) if q < 1 else True
+
+
+def slowest_behind(q: float, samples: float) -> int:
+    """How many of the slowest samples a nearest-rank q-percentile over
+    ``samples`` rests on: those at or above its rank (1: the slowest alone)."""
+    n = max(int(round(samples)), 0)
+    if n == 0:
+        return 0
+    return n - max(1, math.ceil(q * n - 1e-9)) + 1
 
 
 def format_value(value: float | None, kind: str, unit: str = "") -> str:
@@ -331,16 +380,34 @@ def _per_window(
     return out
 
 
+def nearest_rank(values: Floats, q: float) -> float:
+    """The nearest-rank percentile (``PERCENTILE_RULES["requests"]``): of n
+    sorted values, the one at rank ceil(q·n), rank at least 1; NaN for none.
+    A P99 of 90 values is the slowest of them, as a benchmark client reports it."""
+    n = len(values)
+    if not n:
+        return math.nan
+    rank = min(n, max(1, math.ceil(q * n - 1e-9)))
+    return float(np.partition(values, rank - 1)[rank - 1])
+
+
+def _request_values(w: RequestRows, column: str) -> Floats:
+    values = np.asarray(getattr(w, column)[w.ok], dtype=np.float64)
+    return values[~np.isnan(values)]
+
+
 def _request_quantile(q: float, column: str) -> RequestFn:
     def compute(rows: RequestRows, points: Floats, range_seconds: float, objectives: Objectives) -> Floats:
-        def reduce(w: RequestRows) -> float:
-            values = getattr(w, column)[w.ok]
-            # The engine's own figures use this percentile rule too (and it is
-            # PromQL's quantile_over_time): linear between the closest ranks.
-            value = percentile(values[~np.isnan(values)].tolist(), q * 100)
-            return math.nan if value is None else value
+        return _per_window(rows, points, range_seconds, lambda w: nearest_rank(_request_values(w, column), q))
 
-        return _per_window(rows, points, range_seconds, reduce)
+    return compute
+
+
+def _request_samples(column: str) -> RequestFn:
+    """How many requests a ``_request_quantile`` of this column rests on."""
+
+    def compute(rows: RequestRows, points: Floats, range_seconds: float, objectives: Objectives) -> Floats:
+        return _per_window(rows, points, range_seconds, lambda w: float(len(_request_values(w, column))))
 
     return compute
 
@@ -354,29 +421,72 @@ def _meets_objectives(w: RequestRows, objectives: Objectives) -> np.ndarray:
     return w.ok & (ttft <= objectives.ttft_seconds) & tpot_ok
 
 
-def _request_count_rate(which: Literal["all", "good"]) -> RequestFn:
-    def compute(rows: RequestRows, points: Floats, range_seconds: float, objectives: Objectives) -> Floats:
-        def reduce(w: RequestRows) -> float:
+def traffic_seconds(created: Floats, start: float, end: float) -> float:
+    """The part of the window ``(start, end]`` that had traffic, from the
+    arrival times inside it (sorted): the span from the first arrival to the
+    last, plus each edge's quiet stretch when it is shorter than 1.1 mean
+    arrival intervals (traffic ran through the edge), else half an interval
+    (traffic started or stopped inside the window). Prometheus' rule for
+    extrapolating to a range's edges, applied to arrivals instead of scrapes,
+    so a rate is requests over the time they were sent in: what a client
+    computes over its run. One arrival, or a burst at one instant, tells no
+    spacing: the whole window."""
+    n = len(created)
+    if n < 2 or created[-1] <= created[0]:
+        return end - start
+    spanned = float(created[-1] - created[0])
+    interval = spanned / (n - 1)
+    lead, trail = float(created[0]) - start, end - float(created[-1])
+    lead = lead if lead < 1.1 * interval else interval / 2
+    trail = trail if trail < 1.1 * interval else interval / 2
+    return min(end - start, spanned + lead + trail)
+
+
+def _per_window_rate(
+    rows: RequestRows, points: Floats, range_seconds: float, count: Callable[[RequestRows], np.ndarray]
+) -> Floats:
+    """Per window, the rows ``count`` picks over the time with traffic of the
+    window's served requests (``traffic_seconds``)."""
+    lo = np.searchsorted(rows.created, points - range_seconds, side="right")
+    hi = np.searchsorted(rows.created, points, side="right")
+    out = np.full(len(points), np.nan)
+    for j, (a, b) in enumerate(zip(lo, hi, strict=True)):
+        w = rows.take(slice(a, b))
+        picked = count(w)
+        if not len(w.created):
             # Without a single logged request we cannot tell quiet from a
             # gateway that is not logging: no data, not 0/s.
-            if not len(w.created):
-                return math.nan
-            if which == "all":
-                return len(w.created) / range_seconds
-            return float(_meets_objectives(w, objectives).sum()) / range_seconds
+            continue
+        served = w.created[w.served()]
+        traffic = served if len(served) else w.created
+        out[j] = float(picked.sum()) / traffic_seconds(traffic, float(points[j]) - range_seconds, float(points[j]))
+    return out
 
-        return _per_window(rows, points, range_seconds, reduce)
+
+def _request_count_rate(which: Literal["served", "good", "cancelled"]) -> RequestFn:
+    def compute(rows: RequestRows, points: Floats, range_seconds: float, objectives: Objectives) -> Floats:
+        def count(w: RequestRows) -> np.ndarray:
+            if which == "served":
+                return w.served()
+            if which == "cancelled":
+                return ~w.served()
+            return _meets_objectives(w, objectives)
+
+        return _per_window_rate(rows, points, range_seconds, count)
 
     return compute
 
 
 def _request_fraction(which: Literal["errors", "good"]) -> RequestFn:
+    """A share of the served requests (those the client cancelled are neither)."""
+
     def compute(rows: RequestRows, points: Floats, range_seconds: float, objectives: Objectives) -> Floats:
         def reduce(w: RequestRows) -> float:
-            if not len(w.created):
+            served = w.served()
+            if not served.any():
                 return math.nan
-            hits = w.failed.sum() if which == "errors" else _meets_objectives(w, objectives).sum()
-            return float(hits) / len(w.created)
+            hits = w.failed & served if which == "errors" else _meets_objectives(w, objectives)
+            return float(hits.sum()) / float(served.sum())
 
         return _per_window(rows, points, range_seconds, reduce)
 
@@ -384,7 +494,16 @@ def _request_fraction(which: Literal["errors", "good"]) -> RequestFn:
 
 
 def _request_count(rows: RequestRows, points: Floats, range_seconds: float, objectives: Objectives) -> Floats:
-    return _per_window(rows, points, range_seconds, lambda w: float(len(w.created)))
+    return _per_window(rows, points, range_seconds, lambda w: float(w.served().sum()))
+
+
+def _cancelled_count(rows: RequestRows, points: Floats, range_seconds: float, objectives: Objectives) -> Floats:
+    def reduce(w: RequestRows) -> float:
+        if w.cancelled is None or not len(w.created):
+            return math.nan
+        return float(w.cancelled.sum())
+
+    return _per_window(rows, points, range_seconds, reduce)
 
 
 def _timed_out_count(rows: RequestRows, points: Floats, range_seconds: float, objectives: Objectives) -> Floats:
@@ -398,12 +517,19 @@ def _timed_out_count(rows: RequestRows, points: Floats, range_seconds: float, ob
 
 # ---- the registry -------------------------------------------------------------
 
-TTFT = "vllm:time_to_first_token_seconds"
-ITL = "vllm:inter_token_latency_seconds"
-TPOT = "vllm:request_time_per_output_token_seconds"
+# Client-facing latencies: the worker stamps each token when it writes the
+# token's SSE event, in fine buckets (4 per doubling from 0.5 ms), on both
+# engines. vLLM's own vllm:* families keep vLLM's coarse buckets and the
+# engine's production times; the figures below do not read them.
+TTFT = "chunkpilot:time_to_first_token_seconds"
+ITL = "chunkpilot:inter_token_latency_seconds"
+TPOT = "chunkpilot:request_time_per_output_token_seconds"
+MAX_GAP = "chunkpilot:request_max_gap_seconds"
+ENGINE_MAX_GAP = "chunkpilot:engine_request_max_gap_seconds"
+DELIVERY_LAG = "chunkpilot:delivery_lag_seconds"
+MERGED_DELTAS = "chunkpilot:stream_merged_deltas_total"
 QUEUE = "vllm:request_queue_time_seconds"
 PREFILL_TIME = "vllm:request_prefill_time_seconds"
-MAX_GAP = "chunkpilot:request_max_gap_seconds"
 CHUNK_WAIT = "chunkpilot:prefill_chunk_wait_seconds"
 GAP_LONG = "chunkpilot:decode_gap_long_prefill_seconds"
 GAP_OTHER = "chunkpilot:decode_gap_other_seconds"
@@ -457,7 +583,7 @@ FIGURES: dict[str, Figure] = {
             "TTFT P99",
             "s",
             L,
-            "Arrival to first token, 99th percentile over the window.",
+            "Arrival to the first token's SSE event written to the client, 99th percentile over the window's requests.",
             _quantile(0.99, TTFT),
             _hq(0.99, TTFT),
         ),
@@ -511,7 +637,7 @@ FIGURES: dict[str, Figure] = {
             "ITL P99",
             "s",
             L,
-            "Time between consecutive tokens, 99th percentile over all gaps.",
+            "Time between consecutive token events as written to the client, 99th percentile over all gaps.",
             _quantile(0.99, ITL),
             _hq(0.99, ITL),
         ),
@@ -520,8 +646,9 @@ FIGURES: dict[str, Figure] = {
             "Stalls P99",
             "s",
             L,
-            "Each finished request's largest gap between two tokens, 99th percentile over requests: "
-            "head-of-line blocking that whole-run ITL hides.",
+            "Each finished request's largest gap between two token events written to the client (the "
+            "user's stall, delivery delays included), 99th percentile over requests: head-of-line "
+            "blocking that whole-run ITL hides.",
             _quantile(0.99, MAX_GAP),
             _hq(0.99, MAX_GAP),
         ),
@@ -530,7 +657,7 @@ FIGURES: dict[str, Figure] = {
             "TPOT P99",
             "s",
             L,
-            "Per request, decode time per output token; 99th percentile.",
+            "Per request, first to last token written, per output token after the first; 99th percentile.",
             _quantile(0.99, TPOT),
             _hq(0.99, TPOT),
         ),
@@ -539,7 +666,7 @@ FIGURES: dict[str, Figure] = {
             "TPOT mean",
             "s",
             L,
-            "Per request, decode time per output token; mean.",
+            "Per request, first to last token written, per output token after the first; mean.",
             _mean(TPOT),
             f"sum by (G) (rate({TPOT}_sum[{W}])) / sum by (G) (rate({TPOT}_count[{W}]))",
         ),
@@ -560,6 +687,37 @@ FIGURES: dict[str, Figure] = {
             "Arrival to first scheduled, mean.",
             _mean(QUEUE),
             f"sum by (G) (rate({QUEUE}_sum[{W}])) / sum by (G) (rate({QUEUE}_count[{W}]))",
+        ),
+        _scrape(
+            "engine_stall_p99",
+            "Engine stalls P99",
+            "s",
+            L,
+            "Each finished request's largest gap between two tokens as the engine produced them (not as "
+            "written: delivery delays excluded), 99th percentile; beside stall_p99 it tells a slow engine "
+            "from a worker whose event loop falls behind.",
+            _quantile(0.99, ENGINE_MAX_GAP),
+            _hq(0.99, ENGINE_MAX_GAP),
+        ),
+        _scrape(
+            "delivery_lag_p99",
+            "Delivery lag P99",
+            "s",
+            L,
+            "Per SSE event written, its write time minus the engine's production time of its newest token, "
+            "99th percentile: how far the worker's event loop runs behind the engine.",
+            _quantile(0.99, DELIVERY_LAG),
+            _hq(0.99, DELIVERY_LAG),
+        ),
+        _scrape(
+            "merged_deltas_per_second",
+            "Merged deltas/s",
+            "1/s",
+            L,
+            "Engine outputs merged into an earlier SSE event because the worker's event loop fell behind, "
+            "per second (0 when delivery keeps up).",
+            _rate(MERGED_DELTAS),
+            f"sum by (G) (rate({MERGED_DELTAS}[{W}]))",
         ),
         _scrape(
             "requests_per_second",
@@ -644,7 +802,8 @@ FIGURES: dict[str, Figure] = {
             "s",
             L,
             "Gaps between tokens of the requests decoding while a long prefill ran (more than "
-            "workers.figures.LONG_PREFILL_TOKENS tokens left after its prefix hit), 99th percentile.",
+            "chunkpilot:long_prefill_tokens, relative to the model's context, left after its prefix hit), "
+            "99th percentile.",
             _quantile(0.99, GAP_LONG),
             _hq(0.99, GAP_LONG),
         ),
@@ -709,10 +868,10 @@ FIGURES: dict[str, Figure] = {
                 _hq(pct / 100, histogram),
             )
             for stem, label, description, histogram in (
-                ("ttft", "TTFT", "Arrival to first token", TTFT),
-                ("itl", "ITL", "Time between consecutive tokens over all gaps", ITL),
-                ("stall", "Stalls", "Each finished request's largest gap between two tokens, over requests", MAX_GAP),
-                ("tpot", "TPOT", "Per request, decode time per output token", TPOT),
+                ("ttft", "TTFT", "Arrival to the first token written to the client", TTFT),
+                ("itl", "ITL", "Time between consecutive token events written, over all gaps", ITL),
+                ("stall", "Stalls", "Each finished request's largest gap between two written tokens", MAX_GAP),
+                ("tpot", "TPOT", "Per request, time per output token as written", TPOT),
                 ("queue_time", "Queue time", "Arrival to first scheduled", QUEUE),
                 ("prefill_wait", "Prefill wait", "Per prefill chunk wait", CHUNK_WAIT),
                 ("prefill_time", "Prefill time", "First scheduled to first token", PREFILL_TIME),
@@ -784,15 +943,28 @@ FIGURES: dict[str, Figure] = {
             "Requests/s (gateway)",
             "requests/s",
             H,
-            "Requests the gateway finished, per second, errors included.",
-            _request_count_rate("all"),
+            "Requests the gateway served, per second of the window that had traffic (traffic_seconds: "
+            "quiet edges before the first and after the last arrival do not count, as a client's own "
+            "rate over its run does not), errors included; requests the client cancelled (499) are not "
+            "served and count in client_cancelled_per_second.",
+            _request_count_rate("served"),
+        ),
+        _requests(
+            "client_cancelled_per_second",
+            "Cancelled/s (gateway)",
+            "requests/s",
+            L,
+            "Requests the client cancelled before the answer was done (logged as 499), per second of the "
+            "window that had traffic; not counted as served.",
+            _request_count_rate("cancelled"),
         ),
         _requests(
             "goodput",
             "Goodput",
             "requests/s",
             H,
-            "Requests per second that succeeded and met both the TTFT and the TPOT objective.",
+            "Requests per second (of the window that had traffic) that succeeded and met both the TTFT and "
+            "the TPOT objective.",
             _request_count_rate("good"),
         ),
         _requests(
@@ -800,7 +972,7 @@ FIGURES: dict[str, Figure] = {
             "Within objectives",
             "ratio",
             H,
-            "The share of requests that succeeded and met both objectives.",
+            "The share of served requests that succeeded and met both objectives.",
             _request_fraction("good"),
         ),
         _requests(
@@ -808,12 +980,25 @@ FIGURES: dict[str, Figure] = {
             "Error rate",
             "ratio",
             L,
-            "Requests the service failed (5xx, 429 overload, a stream broken mid-way) over all requests; "
-            "other 4xx are the client's doing and count as neither.",
+            "Requests the service failed (5xx, 429 overload, a stream broken mid-way) over served requests; "
+            "other 4xx are the client's doing and count as neither, and cancelled ones (499) are not served.",
             _request_fraction("errors"),
         ),
         _requests(
-            "request_count", "Requests", "requests", H, "Requests in the window (the sample size).", _request_count
+            "request_count",
+            "Requests",
+            "requests",
+            H,
+            "Requests served in the window (the sample size); cancelled ones are in cancelled_requests.",
+            _request_count,
+        ),
+        _requests(
+            "cancelled_requests",
+            "Cancelled requests",
+            "requests",
+            L,
+            "Requests in the window the client cancelled before the answer was done (logged as 499).",
+            _cancelled_count,
         ),
         _requests(
             "timed_out_streams",
@@ -828,6 +1013,55 @@ FIGURES: dict[str, Figure] = {
     ]
 }
 
+# Every percentile says how many samples it rests on: per histogram a
+# ``<stem>_samples`` figure (the window's increase of its ``_count``, as
+# ``sum(increase(x_count[w]))``), per request-log column a ``client_<stem>_samples``
+# figure (the requests its nearest rank is taken over).
+SAMPLED_HISTOGRAMS: dict[str, tuple[str, str]] = {
+    "ttft": (TTFT, "requests"),
+    "itl": (ITL, "token gaps"),
+    "stall": (MAX_GAP, "requests"),
+    "tpot": (TPOT, "requests"),
+    "queue_time": (QUEUE, "requests"),
+    "prefill_wait": (CHUNK_WAIT, "prefill chunks"),
+    "prefill_time": (PREFILL_TIME, "requests"),
+    "engine_stall": (ENGINE_MAX_GAP, "requests"),
+    "delivery_lag": (DELIVERY_LAG, "SSE events"),
+    "decode_gap_long_prefill": (GAP_LONG, "token gaps"),
+    "decode_gap_other": (GAP_OTHER, "token gaps"),
+}
+_SHORT = {"ttft": "TTFT", "itl": "ITL", "tpot": "TPOT", "stall": "Stall", "e2e": "End-to-end"}
+SAMPLED_COLUMNS: dict[str, str] = {"ttft": "ttft", "tpot": "tpot", "stall": "max_gap", "e2e": "e2e"}
+for _stem, (_histogram, _what) in SAMPLED_HISTOGRAMS.items():
+    FIGURES[f"{_stem}_samples"] = _scrape(
+        f"{_stem}_samples",
+        f"{_SHORT.get(_stem, _stem.replace('_', ' ').capitalize())} samples",
+        "samples",
+        H,
+        f"The {_what} observed in {_histogram} over the window: what its percentiles rest on.",
+        _keys(f"{_histogram}_count"),
+        f"sum by (G) (increase({_histogram}_count[{W}]))",
+    )
+for _stem, _column in SAMPLED_COLUMNS.items():
+    FIGURES[f"client_{_stem}_samples"] = _requests(
+        f"client_{_stem}_samples",
+        f"{_SHORT[_stem]} samples (exact)",
+        "samples",
+        H,
+        f"Successful requests in the window with a known {_column}: what the exact percentiles rest on.",
+        _request_samples(_column),
+    )
+for _name, _figure in list(FIGURES.items()):
+    _stem, _, _pct_text = _name.rpartition("_p")
+    if not _pct_text.isdigit():
+        continue
+    if _stem.startswith("client_") and _stem.removeprefix("client_") in SAMPLED_COLUMNS:
+        FIGURES[_name] = replace(_figure, quantile=int(_pct_text) / 100, samples=f"{_stem}_samples")
+    elif _stem in SAMPLED_HISTOGRAMS:
+        FIGURES[_name] = replace(_figure, quantile=int(_pct_text) / 100, samples=f"{_stem}_samples")
+# A ratio of two P99s rests on the scarcer of its two: the gaps during long prefills.
+FIGURES["hol_ratio"] = replace(FIGURES["hol_ratio"], quantile=0.99, samples="decode_gap_long_prefill_samples")
+
 # Scraped figures the workers also export per prompt-length bucket
 # (workers/server/metrics.py:BY_PROMPT_HISTOGRAMS): those may be grouped by length_bucket.
 _BY_PROMPT = {
@@ -839,6 +1073,7 @@ for _stem, _histogram in _BY_PROMPT.items():
     for _pct in (50, 95, 99):
         _name = f"{_stem}_p{_pct}"
         FIGURES[_name] = replace(FIGURES[_name], by_prompt=(_histogram, _pct / 100))
+    FIGURES[f"{_stem}_samples"] = replace(FIGURES[f"{_stem}_samples"], by_prompt=(_histogram, None))
 
 # The four figures that decide whether chunked prefill is tuned right (docs/architecture.md, "Metrics").
 PANEL_FIGURES: tuple[str, ...] = ("ttft_p99", "memory_peak_to_mean", "prefill_wait_p99", "kv_fragmentation")

@@ -76,6 +76,9 @@ NO_POOL = "(no pool)"
 NO_COHORT = "(unrouted)"
 FLEET = "fleet"
 MAX_RANGE_POINTS = 1500
+# The gateway logs a request whose client went away first as 499
+# (controlplane/gateway/proxy.py: STATUS_CLIENT_GONE): cancelled, not served.
+STATUS_CLIENT_GONE = 499
 # Retention deletes the oldest raw minute while a window is read: keep clear.
 _RAW_MARGIN = timedelta(minutes=2)
 
@@ -297,6 +300,10 @@ def _scrape_from_database(
     needs_peak = any(f.needs_peak_memory for f in scrape)
     if not dense:
         parts = [(points, point_windows(points, window, selector, needs_peak))]
+    elif _raw_dense(points, window):
+        # Windows a few minutes long hold too few minute rollups to compute
+        # anything (a 1-minute window holds one): read the raw scrapes.
+        parts = [(points, _raw_dense_windows(points, window, selector, needs_peak))]
     elif _dt(float(points[-1]) - window) >= timezone.now() - RAW_RETENTION + _RAW_MARGIN:
         # The newest point from raw scrapes: the current minute's rollup is
         # partial, and the live point must equal what the query API says.
@@ -551,6 +558,87 @@ def _peak_memory(ids: list[int], start: float, end: float, raw: bool) -> dict[in
     return peaks
 
 
+# A time series whose windows are shorter than this reads raw scrapes, not
+# minute rollups: a window must hold two samples, and one of a few minutes
+# holds a few rollups at most (a 1-minute window one, so every point was no
+# data). Raw reads are bounded: only ranges this long, within raw retention.
+RAW_DENSE_WINDOW_SECONDS = 600.0
+RAW_DENSE_SPAN_SECONDS = 6 * 3600.0
+
+
+def _raw_dense(points: Floats, window: float) -> bool:
+    start = float(points[0]) - window
+    return (
+        window < RAW_DENSE_WINDOW_SECONDS
+        and float(points[-1]) - start <= RAW_DENSE_SPAN_SECONDS
+        and _dt(start) >= timezone.now() - RAW_RETENTION + _RAW_MARGIN
+    )
+
+
+def _raw_dense_windows(
+    points: Floats, window: float, selector: Mapping[str, str], needs_peak: bool
+) -> list[TargetWindows]:
+    """Windows at many points from raw scrapes: every scrape's time and sample
+    number first (small rows), then the packed vectors of only the first and
+    last scrape of each window, as ``point_windows`` reads one window."""
+    start, end = float(points[0]) - window, float(points[-1])
+    targets = _targets(start, end, selector)
+    if not targets:
+        return []
+    by_id = {t.pk: t for t in targets}
+    meta: dict[int, list[tuple[int, float, int, float | None]]] = defaultdict(list)
+    for target_id, pk, t, seq, peak in (
+        Snapshot.objects.filter(target_id__in=list(by_id), ts__gt=_dt(start), ts__lte=_dt(end))
+        .annotate(t=Epoch("ts"))
+        .order_by("target_id", "ts")
+        .values_list("target_id", "pk", "t", "seq", "peak_memory_bytes")
+    ):
+        meta[target_id].append((pk, t, seq, peak))
+    plans: dict[int, tuple[Floats, np.ndarray, np.ndarray, np.ndarray, np.ndarray, Floats]] = {}
+    wanted: set[int] = set()
+    for target_id, rows in meta.items():
+        pks = np.array([r[0] for r in rows], dtype=np.int64)
+        times = np.array([r[1] for r in rows], dtype=np.float64)
+        seqs = np.array([r[2] for r in rows], dtype=np.int64)
+        peaks = np.array([np.nan if r[3] is None else r[3] for r in rows], dtype=np.float64)
+        first = np.searchsorted(times, points - window, side="right")
+        last = np.searchsorted(times, points, side="right") - 1
+        ok = last > first
+        plans[target_id] = (times, pks, seqs, first, last, peaks)
+        wanted.update(pks[first[ok]].tolist())
+        wanted.update(pks[last[ok]].tolist())
+    blobs = dict(Snapshot.objects.filter(pk__in=wanted).values_list("pk", "values")) if wanted else {}
+    offsets = _Offsets(by_id, end)
+    out = []
+    for target_id, t in by_id.items():
+        layout = SeriesLayout.layout_by_id(t.layout_id)
+        increases = np.full((len(points), len(layout)), np.nan)
+        peak_values = np.full(len(points), np.nan)
+        plan = plans.get(target_id)
+        if plan is not None:
+            times, pks, seqs, first, last, peaks = plan
+            for j in np.flatnonzero(last > first):
+                i0, i1 = int(first[j]), int(last[j])
+                v0, v1 = unpack(blobs[int(pks[i0])]), unpack(blobs[int(pks[i1])])
+                if not len(v0) == len(v1) == len(layout):
+                    continue
+                first_offsets = offsets.at(target_id, times[i0 : i0 + 1], len(layout))
+                summary = promql.CounterWindow(
+                    float(times[i0]),
+                    float(times[i1]),
+                    int(seqs[i1] - seqs[i0] + 1),
+                    v0 - (first_offsets[0] if first_offsets is not None else 0.0),
+                    v1 - v0,
+                )
+                increases[j] = promql.extrapolated_increase(summary, float(points[j]) - window, float(points[j]))
+            if needs_peak:
+                has = last >= first
+                windows = promql.Windows(points, window, increases, np.where(has, first, -1), np.where(has, last, -1))
+                peak_values = promql.max_in_windows(peaks, windows)
+        out.append(TargetWindows(t.labels(), layout, increases, peak_values, window))
+    return out
+
+
 def _dense_windows(points: Floats, window: float, selector: Mapping[str, str], needs_peak: bool) -> list[TargetWindows]:
     """Windows at many points from every minute rollup of the range."""
     start, end = float(points[0]) - window, float(points[-1])
@@ -630,6 +718,7 @@ def _request_rows(points: Floats, window: float, selector: Mapping[str, str], gr
             max_gap=floats(5),
             e2e=floats(6),
             timed_out=np.array([r[1] == STATUS_STREAM_TIMED_OUT for r in raw], dtype=bool),
+            cancelled=np.array([r[1] == STATUS_CLIENT_GONE for r in raw], dtype=bool),
         )
         if raw
         else RequestRows.empty()

@@ -155,6 +155,7 @@ class Reader:
             max_gap=log.max_gap,
             e2e=log.e2e,
             timed_out=log.status == STATUS_STREAM_TIMED_OUT,
+            cancelled=log.status == query.STATUS_CLIENT_GONE,
         )
 
         def by_id(numbers: np.ndarray, model: Any) -> tuple[list[str], np.ndarray]:

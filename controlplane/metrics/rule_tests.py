@@ -75,6 +75,7 @@ _COUNTERS: dict[str, float] = {
     "chunkpilot:step_tokens_total{kind=decode}": 3840.0,
     "chunkpilot:long_prefill_steps_total": 12.0,
     "chunkpilot:prefill_seconds_total": 6.0,
+    "chunkpilot:stream_merged_deltas_total": 2.0,
 }
 # Where the recent-peak gauge shows a spike: once in any five-minute range.
 _SPIKE_MINUTES = {3, 8, 13, 18, 23}

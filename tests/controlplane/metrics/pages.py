@@ -26,9 +26,19 @@ class Page:
     counters: dict[str, float] = field(default_factory=dict)  # sample name (…_total, or with {kind=…}) → value
     histograms: dict[str, tuple[Sequence[tuple[float, float]], float]] = field(default_factory=dict)
     gauges: dict[str, float] = field(default_factory=dict)
+    # histogram → prompt_bucket label → (cumulative buckets, sum), as the worker labels them
+    by_prompt: dict[str, dict[str, tuple[Sequence[tuple[float, float]], float]]] = field(default_factory=dict)
 
     def text(self) -> str:
         lines: list[str] = []
+        for base, per_bucket in self.by_prompt.items():
+            lines.append(f"# TYPE {base} histogram")
+            for label, (buckets, total) in per_bucket.items():
+                labels = f'{LABELS},prompt_bucket="{label}"'
+                for bound, count in buckets:
+                    lines.append(f'{base}_bucket{{{labels},le="{le(bound)}"}} {count!r}')
+                lines.append(f"{base}_sum{{{labels}}} {total!r}")
+                lines.append(f"{base}_count{{{labels}}} {buckets[-1][1]!r}")
         for name, value in self.counters.items():
             if name.startswith("chunkpilot:step_tokens_total{kind="):
                 kind = name.split("=", 1)[1].rstrip("}")
@@ -45,6 +55,17 @@ class Page:
         for name, value in self.gauges.items():
             lines += [f"# TYPE {name} gauge", f"{name}{{{LABELS}}} {value!r}"]
         return "\n".join(lines) + "\n"
+
+
+def fine_bounds(top: float) -> list[float]:
+    """The workers' fine latency buckets (docs: 4 per doubling from 0.5 ms, to past ``top``)."""
+    bounds = [0.0005 * 2 ** (i / 4) for i in range(200)]
+    return [b for b in bounds if b < top * 2**0.25] + [math.inf]
+
+
+def cumulative(values: Sequence[float], bounds: Sequence[float]) -> list[tuple[float, float]]:
+    """Observed values as a histogram's cumulative (upper bound, count) pairs."""
+    return [(b, float(sum(1 for v in values if v <= b))) for b in bounds]
 
 
 def job(worker, cohort: str = "") -> scrape.Job:

@@ -372,5 +372,5 @@ def test_the_query_layer_compiles_a_figure_as_the_shipped_rules_do() -> None:
     assert backends.compile_figure(f, 300, "cohort", {}) == deploy.expression(f, grouping="cohort", window="300000ms")
     fleet = backends.compile_figure(f, 60, "fleet", {"pool": "a"})
     assert fleet == (
-        'histogram_quantile(0.99, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{pool="a"}[60000ms])))'
+        'histogram_quantile(0.99, sum by (le) (rate(chunkpilot:time_to_first_token_seconds_bucket{pool="a"}[60000ms])))'
     )

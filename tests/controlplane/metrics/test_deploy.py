@@ -67,7 +67,7 @@ def test_the_dashboard_has_the_four_figures_first_and_filters_by_pool() -> None:
     ttft = next(p for p in dashboard["panels"] if p["title"] == "TTFT P99")
     assert ttft["targets"][0]["expr"] == (
         "histogram_quantile(0.99, sum by (le, $group) "
-        '(rate(vllm:time_to_first_token_seconds_bucket{pool=~"$pool"}[$window])))'
+        '(rate(chunkpilot:time_to_first_token_seconds_bucket{pool=~"$pool"}[$window])))'
     )
     mix = next(p for p in dashboard["panels"] if p["title"] == "Token mix per step")
     assert 'chunkpilot:step_tokens_total{kind="prefill", pool=~"$pool"}[$window]' in mix["targets"][0]["expr"]

@@ -88,8 +88,8 @@ def test_a_rule_without_a_test_stops_the_generation(monkeypatch: pytest.MonkeyPa
     ("original", "broken"),
     [
         (
-            "histogram_quantile(0.99, sum by (le, model_name, pool, cohort) (rate(vllm:time_to_first_token",
-            "histogram_quantile(0.95, sum by (le, model_name, pool, cohort) (rate(vllm:time_to_first_token",
+            "histogram_quantile(0.99, sum by (le, model_name, pool, cohort) (rate(chunkpilot:time_to_first_token",
+            "histogram_quantile(0.95, sum by (le, model_name, pool, cohort) (rate(chunkpilot:time_to_first_token",
         ),
         ("chunkpilot:kv_fragmentation:5m > 0.5", "chunkpilot:kv_fragmentation:5m > 0.8"),
         (

@@ -16,12 +16,12 @@ from controlplane.fleet.models import Pool, Worker
 from controlplane.metrics import promql, query
 from controlplane.metrics.figures import Objectives
 from controlplane.metrics.models import CounterReset, Rollup, ScrapeStatus, Snapshot, Target
-from tests.controlplane.metrics.pages import Page, job, store
+from tests.controlplane.metrics.pages import Page, cumulative, fine_bounds, job, store
 
 pytestmark = pytest.mark.django_db
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
-TTFT = "vllm:time_to_first_token_seconds"
+TTFT = "chunkpilot:time_to_first_token_seconds"
 INF = math.inf
 
 
@@ -258,8 +258,8 @@ def test_exact_percentiles_per_prompt_length_bucket(clock) -> None:
     log_request(at(10), prompt_tokens=40000, ttft=9.0, status=503, error="worker gone", w=w)  # >32K, failed
     log_request(at(-30), prompt_tokens=100, ttft=50.0, w=w)  # before the window
     got = query.query("client_ttft_p99", 60, "length_bucket", now=at(60))
-    # <=512: rank 0.99 x 99 = 98.01 between 0.99 and 1.00. <=8K: rank 2.97 between 3 and 4.
-    assert got == {"<=512": pytest.approx(0.9901), "<=8K": pytest.approx(3.97), ">32K": None}
+    # Nearest rank, ceil(q x n): <=512: rank 99 of 100, 0.99. <=8K: rank ceil(3.96) = 4 of 4, the slowest.
+    assert got == {"<=512": pytest.approx(0.99), "<=8K": pytest.approx(4.0), ">32K": None}
     counts = query.query("request_count", 60, "length_bucket", now=at(60))
     assert counts == {"<=512": 100.0, "<=8K": 4.0, ">32K": 1.0}
 
@@ -273,7 +273,9 @@ def test_goodput_counts_requests_meeting_both_objectives(clock) -> None:
     log_request(at(6), prompt_tokens=10, ttft=None, status=400, error="bad request")  # the client's fault
     objectives = Objectives(ttft_seconds=1.0, tpot_seconds=0.1)
     got = query.query_many(["goodput", "goodput_ratio", "error_rate"], 60, now=at(60), objectives=objectives)
-    assert got["goodput"] == {"fleet": pytest.approx(2 / 60)}
+    # Six arrivals a second apart: traffic from the window's start (1 s before the
+    # first, within 1.1 intervals) to half an interval after the last, 6.5 s of the 60.
+    assert got["goodput"] == {"fleet": pytest.approx(2 / 6.5)}
     assert got["goodput_ratio"] == {"fleet": pytest.approx(2 / 6)}
     assert got["error_rate"] == {"fleet": pytest.approx(1 / 6)}
     assert query.query_many(["goodput", "goodput_ratio", "request_count"], 60, now=at(600)) == {
@@ -292,7 +294,8 @@ def test_goodput_judges_a_request_answered_whole_by_when_its_answer_arrived(cloc
     log_request(at(3), prompt_tokens=10, ttft=None, tpot=None, stream=False, e2e=0.2, status=503, error="gone")
     objectives = Objectives(ttft_seconds=1.0, tpot_seconds=0.1)
     got = query.query_many(["goodput", "goodput_ratio"], 60, now=at(60), objectives=objectives)
-    assert got == {"goodput": {"fleet": pytest.approx(1 / 60)}, "goodput_ratio": {"fleet": pytest.approx(1 / 3)}}
+    # Arrivals at 1, 2, 3 s: 3.5 s of traffic (see traffic_seconds).
+    assert got == {"goodput": {"fleet": pytest.approx(1 / 3.5)}, "goodput_ratio": {"fleet": pytest.approx(1 / 3)}}
 
 
 def test_retention_keeps_raw_scrapes_a_day_and_minutes_two_weeks_and_long_windows_read_minutes(clock) -> None:
@@ -337,11 +340,11 @@ def test_p95_sits_beside_p50_and_p99_for_exact_and_scraped_figures(clock) -> Non
         name: query.query(name, 60, now=at(60))["fleet"]
         for name in ("client_ttft_p50", "client_ttft_p95", "client_ttft_p99")
     }
-    # ranks 0.5, 0.95 and 0.99 of 99 steps between 0.01 and 1.00
+    # nearest ranks 50, 95 and 99 of the 100 values 0.01 .. 1.00
     assert got == {
-        "client_ttft_p50": pytest.approx(0.505),
-        "client_ttft_p95": pytest.approx(0.9505),
-        "client_ttft_p99": pytest.approx(0.9901),
+        "client_ttft_p50": pytest.approx(0.50),
+        "client_ttft_p95": pytest.approx(0.95),
+        "client_ttft_p99": pytest.approx(0.99),
     }
     canary = worker("c1", "canary-pool")
     for i in range(1, 13):
@@ -380,29 +383,43 @@ class _Exported:
 
 
 def test_scraped_figures_per_prompt_bucket_where_the_worker_labels_them(clock) -> None:
-    from workers.engines.api import RequestMetrics
-    from workers.server.metrics import MetricsExporter
-
-    exporter = MetricsExporter(model_name="tiny", max_model_len=65536)
+    # The worker's page (workers/server/metrics.py) labels these histograms by
+    # prompt_bucket, in the fine buckets; built here from plain values.
     w = worker("w1", "p")
-    store(at(5), {job(w, "stable"): _Exported(exporter.render().decode())})
-    for i in range(20):
-        for prompt_tokens, ttft in ((100, 0.008), (9000, 0.9)):
-            m = RequestMetrics(
-                arrival_time=0.0,
-                first_scheduled_time=0.001,
-                first_token_time=ttft,
-                token_times=[ttft, ttft + 0.02],
-                finished_time=ttft + 0.02,
-                num_prompt_tokens=prompt_tokens,
-                num_output_tokens=2,
-            )
-            exporter.on_request_finished(f"r{i}-{prompt_tokens}", m, "length")
-    store(at(60), {job(w, "stable"): _Exported(exporter.render().decode())})
+    bounds = fine_bounds(2560.0)
+
+    def page(n: int) -> Page:
+        by_bucket = {"<=512": ([0.008] * n, [0.02] * n), "<=32K": ([0.9] * n, [0.02] * n)}
+        empty = {label: (cumulative([], bounds), 0.0) for label in ("<=2K", "<=8K", ">32K")}
+        return Page(
+            by_prompt={
+                "chunkpilot:time_to_first_token_by_prompt_seconds": {
+                    **empty,
+                    **{label: (cumulative(t, bounds), sum(t)) for label, (t, _) in by_bucket.items()},
+                },
+                "chunkpilot:request_max_gap_by_prompt_seconds": {
+                    **empty,
+                    **{label: (cumulative(g, bounds), sum(g)) for label, (_, g) in by_bucket.items()},
+                },
+            }
+        )
+
+    store(at(5), {job(w, "stable"): page(0)})
+    store(at(60), {job(w, "stable"): page(20)})
     got = query.query("ttft_p99", 60, "length_bucket", now=at(60))
     assert set(got) == {"<=512", "<=32K"}  # the other buckets had no requests: absent, not 0
-    assert 0.005 < got["<=512"] <= 0.01 and 0.75 < got["<=32K"] <= 1.0
-    assert query.query("stall_p50", 60, "length_bucket", now=at(60))["<=512"] == pytest.approx(0.02, rel=0.5)
+    # Fine buckets (none wider than 19%) resolve an 8-ms TTFT beside a 0.9-s one.
+    assert got == {"<=512": pytest.approx(0.008, rel=0.19), "<=32K": pytest.approx(0.9, rel=0.19)}
+    assert query.query("stall_p50", 60, "length_bucket", now=at(60))["<=512"] == pytest.approx(0.02, rel=0.19)
+    # What each bucket's percentile rests on: its 20 requests (counted from 0, not extrapolated past it).
+    # The buckets the worker shows empty rest on 0.
+    assert query.query("ttft_samples", 60, "length_bucket", now=at(60)) == {
+        "<=512": 20.0,
+        "<=32K": 20.0,
+        "<=2K": 0.0,
+        "<=8K": 0.0,
+        ">32K": 0.0,
+    }
     with pytest.raises(query.QueryError) as raised:
         query.query("itl_p99", 60, "length_bucket", now=at(60))
     assert raised.value.field == "group_by"

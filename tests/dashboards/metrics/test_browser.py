@@ -21,7 +21,7 @@ from tests.dashboards.support import not_reloaded, sign_in, wait_for_socket
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
-TTFT = "vllm:time_to_first_token_seconds"
+TTFT = "chunkpilot:time_to_first_token_seconds"
 CHARTS = ("ttft", "memory", "prefill_wait", "kv_fragmentation")
 
 

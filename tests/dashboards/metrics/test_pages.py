@@ -20,7 +20,7 @@ from tests.controlplane.metrics.pages import Page, job, store
 
 pytestmark = pytest.mark.django_db
 
-TTFT = "vllm:time_to_first_token_seconds"
+TTFT = "chunkpilot:time_to_first_token_seconds"
 
 
 def fill(now: Any) -> tuple[Worker, Worker]:
