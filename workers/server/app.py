@@ -41,7 +41,7 @@ from workers.engines.api import (
 )
 from workers.server import protocol as p
 from workers.server.facts import EXTENSION_KEY, request_facts
-from workers.server.host import READY, EngineHost, QueueFull, Ticket, Unavailable
+from workers.server.host import READY, EngineHost, NeverFits, QueueFull, Ticket, Unavailable
 from workers.server.metrics import CONTENT_TYPE, MetricsExporter
 
 log = logging.getLogger(__name__)
@@ -241,6 +241,14 @@ class OpenAIServer:
             ticket = self.host.admit(request_ids)
         except Unavailable as exc:
             return error_response(unavailable(exc.state))
+        except NeverFits as exc:
+            return error_response(
+                p.bad(
+                    f"{num_prompts} prompts in one request; this worker holds at most {exc.capacity} at once.",
+                    param="prompt",
+                    code="too_many_prompts",
+                )
+            )
         except QueueFull as exc:
             return error_response(
                 p.ApiError(

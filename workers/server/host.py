@@ -46,6 +46,15 @@ class Unavailable(Exception):
         self.state = state
 
 
+class NeverFits(Exception):
+    """More prompts in one request than this worker can ever hold at once:
+    retrying cannot help, so the request's own fault (400), not a full queue."""
+
+    def __init__(self, capacity: int):
+        super().__init__(capacity)
+        self.capacity = capacity
+
+
 class QueueFull(Exception):
     """More requests in flight than the engine runs plus the bounded queue."""
 
@@ -184,6 +193,8 @@ class EngineHost:
         if self.state != READY or self.engine is None:
             raise Unavailable(self.state)
         capacity = self.engine.profile.max_num_seqs + self.max_queue
+        if len(request_ids) > capacity:
+            raise NeverFits(capacity)
         if self.num_in_flight + len(request_ids) > capacity:
             raise QueueFull(f"{self.num_in_flight} requests in flight; this worker takes at most {capacity}.")
         ticket = Ticket(self, self.engine, request_ids)

@@ -231,6 +231,18 @@ def test_past_the_queue_bound_requests_get_429_with_retry_after(server):
     assert sum(r.status_code == 200 for r in replies) <= capacity
 
 
+def test_more_prompts_than_the_worker_can_ever_hold_is_a_400_naming_the_limit(server):
+    capacity = PROFILE["max_num_seqs"] + MAX_QUEUE
+    body = {"model": "tiny", "prompt": ["hi"] * (capacity + 1), "max_tokens": 1}
+    r = httpx.post(f"{server}/v1/completions", json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert (error["param"], error["code"]) == ("prompt", "too_many_prompts")
+    assert f"at most {capacity}" in error["message"]
+    fits = httpx.post(f"{server}/v1/completions", json={**body, "prompt": ["hi"] * 2}, timeout=60)
+    assert fits.status_code == 200
+
+
 def test_metrics_carry_every_design_name_and_the_running_profile(server, client):
     # The long prompt arrives while another request decodes: vLLM (0.32)
     # lifts long_prefill_token_threshold for a request that runs alone, as
