@@ -36,6 +36,7 @@ from controlplane.gateway.meter import StreamMeter
 log = logging.getLogger(__name__)
 
 STATUS_STREAM_TIMED_OUT = 598  # the gateway ended a stream its worker stopped feeding
+STATUS_STREAM_BROKEN = 597  # the worker's stream broke off mid-way (it died, or its connection did)
 LABELS = ["model", "cohort", "pool", "worker"]
 
 

@@ -49,6 +49,7 @@ from controlplane.fleet.pools import PoolRole
 from controlplane.gateway import facts
 from controlplane.gateway.cohort import bucket_of, sticky_key
 from controlplane.gateway.inflight import (
+    STATUS_STREAM_BROKEN,
     STATUS_STREAM_TIMED_OUT,
     InFlight,
     InFlightCollector,
@@ -600,8 +601,10 @@ class Gateway:
             # up before the worker's closing bytes arrived: a complete request.
         except UpstreamBroken as exc:
             self._failed(pool, worker, "stream", exc)
-            # The client got a 200 and a stream that ends in an error event:
-            # the log says so (status as sent, error set), as for a worker's own error event.
+            # The client got a 200 head and a stream that ends in an error event;
+            # the log gives it a status of its own (597), so a status filter
+            # finds it and the error rate counts it.
+            rec.status = STATUS_STREAM_BROKEN
             rec.error = f"the worker's stream broke off: {exc}"[:500]
             error = ApiError(502, "The worker's stream broke off.", type="service_unavailable", code="upstream_broken")
             ex.end(meter.flush() + b"data: " + error.body() + b"\n\n")

@@ -24,6 +24,7 @@ from rest_framework.test import APIClient
 
 from controlplane.accounts.roles import Role
 from controlplane.fleet.models import Worker
+from controlplane.gateway.inflight import STATUS_STREAM_BROKEN
 from controlplane.gateway.models import ClientKey, RequestLog, RoutingTable
 from tests.controlplane.factories import api_client, heartbeat_request, make_profile, make_user
 from tests.controlplane.gateway.factories import routed_model
@@ -442,6 +443,8 @@ def test_a_worker_killed_mid_run_gets_no_new_requests(start_gateway, start_worke
         assert all("upstream_broken" in o[2] for o in broken)
         assert early.exclude(error="").count() == len(broken)
         assert all("broke off" in e for e in early.exclude(error="").values_list("error", flat=True))
+        assert set(early.exclude(error="").values_list("status", flat=True)) <= {STATUS_STREAM_BROKEN}
+        assert early.filter(status=STATUS_STREAM_BROKEN).count() == len(broken)
 
 
 def _aware(unix: float) -> Any:
