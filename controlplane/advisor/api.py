@@ -1,8 +1,9 @@
 """The advisor's API: the kept reports, and a report over any window on demand.
 
     GET /api/v1/advisor/reports/                      every kept report (pools and the fleet), in brief
-    GET /api/v1/advisor/reports/{scope}/[?window=1h]  one in full: a pool's name or "fleet"; with a window,
-                                                      computed now over it (not kept)
+    GET /api/v1/advisor/reports/{scope}/[?window=1h][&end=…]  one in full: a pool's name or "fleet"; with a
+                                                      window or an end (ISO time or epoch seconds), computed
+                                                      over the window ending then (not kept)
 
 Bad input answers 400 naming the parameter; an unknown pool 404; a metrics
 backend that does not answer (Prometheus down or slow) 503, as the metrics
@@ -17,9 +18,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane.advisor import conf
 from controlplane.advisor.models import FLEET, AdvisorReport, compute
 from controlplane.fleet.models import Pool
 from controlplane.metrics import query
+from controlplane.metrics.api import _time as parse_time
 from controlplane.metrics.api import unavailable
 
 
@@ -52,6 +55,12 @@ class ReportView(APIView):
                 description="e.g. 15m, 1h, 1d: compute now over it (default: the "
                 "kept report, computed now if there is none)",
             ),
+            OpenApiParameter(
+                "end",
+                str,
+                description="ISO time or epoch seconds: judge the window ending then (default now; with no "
+                "window, the kept report's window)",
+            ),
         ],
         responses={200: dict},
     )
@@ -62,15 +71,15 @@ class ReportView(APIView):
             if pool is None:
                 return Response({"scope": [f"no pool named {scope!r}"]}, status=404)
         text = request.query_params.get("window")
-        window = 0.0
-        if text:
-            try:
-                window = query.check_window(query.parse_duration(text, "window"))
-            except query.QueryError as exc:
-                return Response({exc.field: [exc.message]}, status=400)
         try:
-            if text:
-                return Response({**compute(pool, window, timezone.now()), "kept": False})
+            end = parse_time(request.query_params.get("end"), "end")
+            window = query.check_window(query.parse_duration(text, "window")) if text else 0.0
+        except query.QueryError as exc:
+            return Response({exc.field: [exc.message]}, status=400)
+        try:
+            if text or end is not None:
+                window = window or conf.ADVISOR_WINDOW_SECONDS.get()
+                return Response({**compute(pool, window, end or timezone.now()), "kept": False})
             report = AdvisorReport.objects.filter(scope=scope).first() or AdvisorReport.refresh(pool)
         except query.BackendUnavailable as exc:
             return unavailable(exc)

@@ -19,14 +19,22 @@ What comes from where:
   24-h window is a sample of its minutes, not all 1440 of them;
 * prompt lengths, cached tokens and TTFTs: the gateway's log rows of the
   window, at most ``MAX_REQUEST_ROWS``: the newest of each tenth of the window;
-* memory facts: the workers' own gauges (weights, KV bytes per token,
-  activation bytes per prefill token) and their registered hardware.
+* memory and model facts: the workers' own gauges (weights, KV bytes per
+  token, activation bytes per prefill token, ``chunkpilot:max_model_len`` and
+  ``chunkpilot:long_prefill_tokens``) and their registered hardware and
+  context length;
+* the decode side: the operator's TPOT objective as the TBT objective (or the
+  one the caller passes), the ITL P50 as the decode step time, and the stall
+  P99 (each request's largest gap) with its count; the request log's when the
+  workers do not export it.
 
-Head-of-line blocking is exact where the workers' steps say which prefill ran
-(the reference engine's ``chunkpilot:decode_gap_*`` histograms). Where they
-do not (vLLM), it is approximate, from the request log: each request's largest
-gap, split by whether its decode overlapped a long prompt's prefill (arrival
-to first token), so the finding says so.
+Head-of-line blocking is exact where the workers count each request's gaps
+(``chunkpilot:decode_gap_*``). Where they do not, it is approximate, from the
+request log: each request's largest gap, split by whether its decode
+overlapped a long prompt's prefill (arrival to first token), so the finding
+says so. "Long" there is the workers' own threshold
+(``chunkpilot:long_prefill_tokens``, else ``workers.figures.long_prefill_tokens``
+of the context).
 """
 
 from __future__ import annotations
@@ -43,6 +51,8 @@ from django.db.models import Q
 
 from controlplane.advisor import conf
 from controlplane.advisor.verdicts import (
+    THRESHOLDS,
+    Decode,
     Engine,
     Gaps,
     Inputs,
@@ -56,9 +66,9 @@ from controlplane.fleet.models import Pool, Worker
 from controlplane.gateway.models import RequestLog, RoutingPool
 from controlplane.metrics import backends, catalogue, query
 from controlplane.metrics.backends import FLEET
-from controlplane.metrics.figures import GAP_LONG, GAP_OTHER, Group
+from controlplane.metrics.figures import GAP_LONG, GAP_OTHER, MAX_GAP, Group
 from controlplane.metrics.models import Rollup, SeriesLayout, Snapshot, Target, minute_of, unpack
-from workers.figures import LONG_PREFILL_TOKENS, percentile
+from workers.figures import long_prefill_tokens, percentile
 
 MAX_SAMPLES_PER_WORKER = 60
 MAX_REQUEST_ROWS = 10_000
@@ -66,7 +76,13 @@ LOG_SLICES = 10
 RAW_SAMPLE_WINDOW_SECONDS = 600.0
 SAMPLE_GAUGES = ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc")
 SAMPLE_COUNTERS = ("vllm:num_preemptions_total", "chunkpilot:long_prefill_steps_total")
-FACT_GAUGES = ("chunkpilot:weight_bytes", "chunkpilot:kv_bytes_per_token", "chunkpilot:activation_bytes_per_token")
+FACT_GAUGES = (
+    "chunkpilot:weight_bytes",
+    "chunkpilot:kv_bytes_per_token",
+    "chunkpilot:activation_bytes_per_token",
+    "chunkpilot:max_model_len",
+    "chunkpilot:long_prefill_tokens",
+)
 SAMPLE_KEYS = (*SAMPLE_GAUGES, *SAMPLE_COUNTERS, *FACT_GAUGES)
 WINDOW_FIGURES = (
     "decode_gap_long_prefill_p99",
@@ -76,29 +92,14 @@ WINDOW_FIGURES = (
     "output_tokens_per_second",
     "stall_p99",
     "prefill_seconds_per_token",
+    "itl_p50",
 )
-WINDOW_TOTALS = (f"{GAP_LONG}_count", f"{GAP_OTHER}_count", "vllm:num_preemptions_total")
+WINDOW_TOTALS = (f"{GAP_LONG}_count", f"{GAP_OTHER}_count", f"{MAX_GAP}_count", "vllm:num_preemptions_total")
 
 
 def thresholds() -> Thresholds:
-    return Thresholds(
-        min_requests=conf.ADVISOR_MIN_REQUESTS.get(),
-        min_samples=conf.ADVISOR_MIN_SAMPLES.get(),
-        min_gaps=conf.ADVISOR_MIN_GAPS.get(),
-        long_prompt_tokens=conf.ADVISOR_LONG_PROMPT_TOKENS.get(),
-        long_tail_share=conf.ADVISOR_LONG_TAIL_SHARE.get(),
-        long_tail_p99_over_p50=conf.ADVISOR_LONG_TAIL_P99_OVER_P50.get(),
-        saturated_share=conf.ADVISOR_SATURATED_SHARE.get(),
-        kv_nearly_full=conf.ADVISOR_KV_NEARLY_FULL.get(),
-        queue_p99_seconds=conf.ADVISOR_QUEUE_P99_SECONDS.get(),
-        memory_peak_to_mean=conf.ADVISOR_MEMORY_PEAK_TO_MEAN.get(),
-        hol_ratio=conf.ADVISOR_HOL_RATIO.get(),
-        chunk_too_small_throughput_drop=conf.ADVISOR_CHUNK_TOO_SMALL_DROP.get(),
-        budget_min_stall_gain=conf.ADVISOR_BUDGET_MIN_STALL_GAIN.get(),
-        starvation_ratio=conf.ADVISOR_STARVATION_RATIO.get(),
-        link_bandwidth_bytes_per_second=conf.ADVISOR_LINK_BANDWIDTH_GBPS.get() * 1e9,
-        pd_max_transfer_share=conf.ADVISOR_PD_MAX_TRANSFER_SHARE.get(),
-    )
+    """Each row of ``verdicts.Thresholds`` from its tunable."""
+    return Thresholds(**{row.field: conf.threshold(row.field).get() for row in THRESHOLDS})
 
 
 def _dt(seconds: float) -> datetime:
@@ -170,9 +171,10 @@ def _seats(worker: Worker | None) -> float:
 
 def _samples(now: datetime, window: float, selector: Mapping[str, str]) -> _SampleRows:
     source = query.backend()
+    unit = "scrapes" if window <= RAW_SAMPLE_WINDOW_SECONDS else "minute samples"
     if isinstance(source, backends.Prometheus):
-        return _assemble(_samples_from_prometheus(source, now, window, selector))
-    return _assemble(_samples_from_database(now, window, selector))
+        return _assemble(_samples_from_prometheus(source, now, window, selector), unit)
+    return _assemble(_samples_from_database(now, window, selector), unit)
 
 
 def _samples_from_database(now: datetime, window: float, selector: Mapping[str, str]) -> list[_WorkerSamples]:
@@ -235,9 +237,9 @@ def _samples_from_prometheus(
     return out
 
 
-def _assemble(workers: list[_WorkerSamples]) -> _SampleRows:
+def _assemble(workers: list[_WorkerSamples], unit: str) -> _SampleRows:
     """The workers' samples as one table, each counter as its increase since
-    the worker's previous sample."""
+    the worker's previous sample; ``unit`` says what one row is."""
     columns: dict[str, list[np.ndarray]] = {k: [] for k in ("worker", "seats", PEAK, *SAMPLE_GAUGES, *SAMPLE_COUNTERS)}
     facts: dict[str, list[float]] = {k: [] for k in FACT_GAUGES}
     for w in workers:
@@ -268,6 +270,7 @@ def _assemble(workers: list[_WorkerSamples]) -> _SampleRows:
         memory_peak_bytes=joined(PEAK),
         preemptions_delta=joined("vllm:num_preemptions_total"),
         long_prefill_steps_delta=joined("chunkpilot:long_prefill_steps_total"),
+        unit=unit,
     )
     return _SampleRows(samples, facts)
 
@@ -315,7 +318,7 @@ def _request_log(now: datetime, window: float, pool: Pool | None) -> _Log:
         return np.array([math.nan if r[i] is None else r[i] for r in rows], dtype=np.float64)
 
     requests = Requests(
-        prompt_tokens=[r[1] or 0 for r in rows],
+        prompt_tokens=[r[1] for r in rows],  # a refused request's is None, never 0
         cached_tokens=[r[2] for r in rows],
         created=[r[0] for r in rows],
         ttft_seconds=[r[3] for r in rows],
@@ -324,7 +327,7 @@ def _request_log(now: datetime, window: float, pool: Pool | None) -> _Log:
     return _Log(requests, floats(4), floats(5), len(rows))
 
 
-def approximate_gaps(log: _Log) -> Gaps:
+def approximate_gaps(log: _Log, long_tokens: int | None) -> Gaps:
     """From per-request stats: each request's largest gap, split by whether
     its decode (first token to end) overlapped any long prompt's prefill
     (arrival to first token). Coarser than per-step gaps: say so."""
@@ -332,9 +335,11 @@ def approximate_gaps(log: _Log) -> Gaps:
     created = np.asarray(r.created, dtype=np.float64)
     ttft = np.array([math.nan if v is None else v for v in r.ttft_seconds], dtype=np.float64)
     to_compute = np.array(
-        [n - (c or 0) for n, c in zip(r.prompt_tokens, r.cached_tokens, strict=True)], dtype=np.float64
+        [math.nan if n is None else n - (c or 0) for n, c in zip(r.prompt_tokens, r.cached_tokens, strict=True)],
+        dtype=np.float64,
     )
-    long = (to_compute > LONG_PREFILL_TOKENS) & ~np.isnan(ttft)
+    with np.errstate(invalid="ignore"):
+        long = (to_compute > (long_tokens if long_tokens is not None else math.inf)) & ~np.isnan(ttft)
     starts, ends = created[long], created[long] + ttft[long]
     order = np.argsort(starts)
     merged_starts: list[float] = []
@@ -359,12 +364,12 @@ def approximate_gaps(log: _Log) -> Gaps:
         percentile(other.tolist(), 99),
         len(during),
         len(other),
-        LONG_PREFILL_TOKENS,
+        long_tokens,
         approximate=True,
     )
 
 
-def exact_gaps(w: _Window) -> Gaps | None:
+def exact_gaps(w: _Window, long_tokens: int | None) -> Gaps | None:
     num_long = w.total(f"{GAP_LONG}_count") or 0.0
     num_other = w.total(f"{GAP_OTHER}_count") or 0.0
     if num_long + num_other <= 0:
@@ -374,7 +379,7 @@ def exact_gaps(w: _Window) -> Gaps | None:
         w.figure("decode_gap_other_p99"),
         round(num_long),
         round(num_other),
-        LONG_PREFILL_TOKENS,
+        long_tokens,
     )
 
 
@@ -425,29 +430,57 @@ def _median(values: Sequence[float]) -> float | None:
 def engine_facts(sampled: _SampleRows, w: _Window, pool: Pool | None) -> Engine:
     workers = Worker.objects.filter(pool=pool) if pool is not None else Worker.objects.all()
     memories = [float(m) for m in workers.values_list("hardware__memory_bytes", flat=True) if m]
-    lengths = [n for n in workers.values_list("max_model_len", flat=True) if n]
     devices = {d for d in workers.values_list("hardware__device", flat=True) if d}
     activation = sampled.facts["chunkpilot:activation_bytes_per_token"]
+    # The engines' own context length when they export it, else the one they registered.
+    lengths = sampled.facts["chunkpilot:max_model_len"] or [
+        float(n) for n in workers.values_list("max_model_len", flat=True) if n
+    ]
     return Engine(
         device_memory_bytes=min(memories) if memories else None,
         weight_bytes=_median(sampled.facts["chunkpilot:weight_bytes"]),
         activation_bytes_per_token=max(activation) if activation else None,
         kv_bytes_per_token=_median(sampled.facts["chunkpilot:kv_bytes_per_token"]),
         prefill_seconds_per_token=w.figure("prefill_seconds_per_token"),
-        max_model_len=min(lengths) if lengths else None,
+        max_model_len=int(min(lengths)) if lengths else None,
         device=",".join(sorted(str(d) for d in devices)),
     )
 
 
-def gather(pool: Pool | None, window_seconds: float, now: datetime) -> Inputs:
-    """Everything ``verdicts.advise`` needs for ``pool`` (None: the fleet)."""
+def engine_long_prefill_tokens(sampled: _SampleRows, max_model_len: int | None) -> int | None:
+    """The threshold the workers classify gaps by: their gauge, else theirs for the context."""
+    gauges = sampled.facts["chunkpilot:long_prefill_tokens"]
+    if gauges:
+        return int(min(gauges))
+    return long_prefill_tokens(max_model_len) if max_model_len else None
+
+
+def decode_side(w: _Window, log: _Log, tbt_objective_seconds: float | None) -> Decode:
+    """The stall P99 the workers export (each request's largest gap between
+    written tokens), else the request log's over successful requests."""
+    tbt = tbt_objective_seconds if tbt_objective_seconds is not None else query.objectives_now().tpot_seconds
+    stall, num = w.figure("stall_p99"), round(w.total(f"{MAX_GAP}_count") or 0.0)
+    if stall is None or num <= 0:
+        ok = np.asarray(log.requests.ok, dtype=bool) & ~np.isnan(log.max_gap)
+        stall, num = percentile(log.max_gap[ok].tolist(), 99), int(ok.sum())
+    return Decode(tbt, stall, num, w.figure("itl_p50"))
+
+
+def gather(
+    pool: Pool | None, window_seconds: float, now: datetime, *, tbt_objective_seconds: float | None = None
+) -> Inputs:
+    """Everything ``verdicts.advise`` needs for ``pool`` (None: the fleet)
+    over the window ending ``now``; the TBT objective is the operator's TPOT
+    objective unless given."""
     window = query.check_window(window_seconds)
     selector = {"pool": pool.name} if pool is not None else {}
     with query.shared_reads():
         w = _window(now, window, selector)
         sampled = _samples(now, window, selector)
         log = _request_log(now, window, pool)
-        gaps = exact_gaps(w) or approximate_gaps(log)
+        engine = engine_facts(sampled, w, pool)
+        long_tokens = engine_long_prefill_tokens(sampled, engine.max_model_len)
+        gaps = exact_gaps(w, long_tokens) or approximate_gaps(log, long_tokens)
         preemptions = w.total("vllm:num_preemptions_total")
         mine = base = None
         if pool is not None:
@@ -468,8 +501,9 @@ def gather(pool: Pool | None, window_seconds: float, now: datetime) -> Inputs:
             num_preemptions=preemptions,
             memory_peak_to_mean=w.figure("memory_peak_to_mean"),
             gaps=gaps,
-            engine=engine_facts(sampled, w, pool),
+            engine=engine,
             profile=profile_of(pool),
             pool=mine,
             baseline=base,
+            decode=decode_side(w, log, tbt_objective_seconds),
         )

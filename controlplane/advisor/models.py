@@ -20,10 +20,15 @@ from controlplane.fleet.models import Pool
 FLEET = "fleet"
 
 
-def compute(pool: Pool | None, window_seconds: float, now: datetime) -> dict[str, Any]:
-    """The report for ``pool`` (None: the fleet) over the window ending ``now``, as JSON."""
+def compute(
+    pool: Pool | None, window_seconds: float, now: datetime, *, tbt_objective_seconds: float | None = None
+) -> dict[str, Any]:
+    """The report for ``pool`` (None: the fleet) over the window ending
+    ``now``, as JSON; the TBT objective is the operator's TPOT objective
+    unless given."""
     thresholds = inputs.thresholds()
-    report = verdicts.advise(inputs.gather(pool, window_seconds, now), thresholds)
+    gathered = inputs.gather(pool, window_seconds, now, tbt_objective_seconds=tbt_objective_seconds)
+    report = verdicts.advise(gathered, thresholds)
     return {
         "scope": pool.name if pool is not None else FLEET,
         "window_seconds": window_seconds,
@@ -43,7 +48,7 @@ class AdvisorReport(models.Model):
     pool = models.ForeignKey(Pool, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
     window_seconds = models.FloatField()
     computed_at = models.DateTimeField()
-    overall = models.CharField(max_length=20, help_text="worth_it, not_worth_it, not_enough_data")
+    overall = models.CharField(max_length=20, help_text="worth_it, not_worth_it, other_cause, not_enough_data")
     findings = models.JSONField(default=list, help_text="the keys of the answers that say yes")
     previous_findings = models.JSONField(default=list, help_text="the same, one report earlier")
     findings_changed_at = models.DateTimeField(null=True, blank=True)

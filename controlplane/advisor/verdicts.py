@@ -2,30 +2,40 @@
 knobs, and is a chunked pool tuned right. Pure: dataclasses in and out, no
 Django, no I/O (``inputs.py`` gathers the facts from live figures).
 
-Design note. Three questions decide whether chunked prefill is likely worth
-it, each answered yes, no or not enough data (with its sample count):
+Design note. The main reason to adopt chunked prefill is the decode stall: a
+long prompt prefilled in one step holds up every request already decoding.
+So the overall verdict comes from a decision table (``DECISION_TABLE``, which
+the page shows) whose first input is the decode-stall evidence against the
+pool's TBT objective (``stalls``): the P99 gap between tokens of requests
+decoding while a long prefill ran, the P99 of the other gaps and the P99 of
+each request's largest gap. When long prefills push the gap P99 past the
+objective, chunking is worth it, whatever else is true. Three questions then
+say how much more it gives, each yes, no or not enough data with its count:
 
-* long tail — is the prompt-length distribution long-tailed (share of
-  prompts over ``long_prompt_tokens``, P99/P50 of length)?
+* long tail — is the prompt-length distribution long-tailed?
 * concurrency held back — do requests wait while the engine runs at
-  ``max_num_seqs`` or with its KV cache nearly full (share of scrapes), and
-  does the queue show it (queue P99, preemptions)?
+  ``max_num_seqs`` or with its KV cache nearly full?
 * memory peak caps the batch — is the memory peak far above its mean, with
   the KV cache full at the peaks or preemptions while long prefills run?
 
-Two yes answers: "likely worth it". Head-of-line blocking is the evidence
-that chunking has a target: for requests already decoding, the P99 gap
-between tokens while a prefill of more than N tokens runs against the P99 gap
-while none does. Then the starting knobs (``knobs``), the findings on a
-chunked pool (``tuning``) and the prefill-decode disaggregation estimate
-(``pd_estimate``), each with the figures and threshold behind it.
+Every length and time is relative to the model and the pool, never absolute:
+a prompt is long (``long_prompt``) when its prefill alone would break the TBT
+objective, when it spans a few of the pool's chunk caps, or when it fills a
+share of the context. The starting knobs (``knobs``) follow Sarathi-Serve:
+the largest budget whose step (the typical decode batch plus one chunk)
+fits the TBT objective, from the measured prefill time per token and decode
+step time, then bounded by memory and by the context. The findings on a
+chunked pool (``tuning``) judge the budget against the same step time.
+
+Every threshold is one row of ``Thresholds`` (field, default, unit,
+meaning); the tunables (``conf.py``) and the page's formatting derive from it.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
@@ -40,34 +50,156 @@ class Answer(StrEnum):
     NOT_ENOUGH_DATA = "not_enough_data"
 
 
+ANSWER_TEXT = {Answer.YES: "Yes", Answer.NO: "No", Answer.NOT_ENOUGH_DATA: "Not enough data"}
+
+
 class Overall(StrEnum):
     WORTH_IT = "worth_it"
     NOT_WORTH_IT = "not_worth_it"
+    OTHER_CAUSE = "other_cause"
     NOT_ENOUGH_DATA = "not_enough_data"
+
+
+class Stall(StrEnum):
+    """What the decode-stall evidence says, against the TBT objective."""
+
+    LONG_PREFILL = "long_prefill"  # long prefills push the decode gap P99 past the objective
+    OTHER = "other"  # decodes miss the objective, but not because of long prefills
+    NONE = "none"  # no stall breaks the objective
+    UNKNOWN = "unknown"  # too few samples, or no objective
+
+
+# ---- the thresholds: one table ------------------------------------------------------
+
+
+def _row(default: float, unit: str, meaning: str) -> Any:
+    return field(default=default, metadata={"unit": unit, "meaning": meaning})
 
 
 @dataclass(frozen=True)
 class Thresholds:
-    """Every threshold an answer uses; ``conf.py`` makes each one a tunable."""
+    """Every threshold an answer uses, one row each: field, default, unit and
+    meaning. ``conf.py`` makes each an ``ADVISOR_<FIELD>`` tunable; the page
+    formats each by its unit."""
 
-    min_requests: int = 100
-    min_samples: int = 20
-    min_gaps: int = 50
-    long_prompt_tokens: int = 8192
-    long_tail_share: float = 0.05
-    long_tail_p99_over_p50: float = 8.0
-    saturated_share: float = 0.10
-    kv_nearly_full: float = 0.90
-    queue_p99_seconds: float = 1.0
-    memory_peak_to_mean: float = 1.5
-    hol_ratio: float = 2.0
-    chunk_too_small_throughput_drop: float = 0.15
-    budget_min_stall_gain: float = 2.0
-    starvation_ratio: float = 3.0
-    activation_share_low: float = 0.25
-    activation_share_high: float = 1 / 3
-    link_bandwidth_bytes_per_second: float = 25e9
-    pd_max_transfer_share: float = 0.5
+    min_requests: int = _row(100, "requests", "fewer logged requests in the window: not enough data")
+    min_samples: int = _row(
+        20, "samples", "fewer kept samples (scrapes, or minute samples) in the window: not enough data"
+    )
+    min_gaps: int = _row(50, "gaps", "fewer decode gaps during (or outside) long prefills: not judged")
+    long_prompt_context_share: float = _row(0.25, "share", "a prompt over this share of max_model_len is long")
+    long_prompt_chunks: int = _row(4, "chunks", "on a chunked pool, a prompt over this many chunk caps is long")
+    long_tail_share: float = _row(0.05, "share", "long tail: at least this share of prompts is long")
+    long_tail_p99_over_p50: float = _row(
+        8.0, "times", "long tail: or the P99 prompt is at least this many times the median"
+    )
+    saturated_share: float = _row(
+        0.10,
+        "share",
+        "concurrency held back: requests waited at max_num_seqs or a nearly full KV cache in this share of samples",
+    )
+    kv_nearly_full: float = _row(0.90, "share", "KV cache usage at or above this is nearly full")
+    queue_p99_seconds: float = _row(
+        1.0, "s", "concurrency held back: or queue time P99 at least this, with preemptions"
+    )
+    memory_peak_to_mean: float = _row(
+        1.5, "times", "memory peak caps the batch: peak/mean at least this (and KV full or preemptions)"
+    )
+    hol_ratio: float = _row(
+        2.0,
+        "times",
+        "decode stalls: when every gap misses the TBT objective, long prefills are the cause only if "
+        "their gap P99 is this many times the rest",
+    )
+    chunk_too_small_drop: float = _row(
+        0.15, "share", "chunk too small: throughput per worker this share below the baseline"
+    )
+    budget_step_over_tbt: float = _row(
+        1.0,
+        "times",
+        "budget too large: the step it implies (prefill time per token × budget + decode step) over "
+        "this many times the TBT objective",
+    )
+    starvation_ratio: float = _row(3.0, "times", "starvation: one kind's wait at least this many times the other's")
+    activation_share_low: float = _row(
+        0.25,
+        "share",
+        "starting chunk: its prefill activation peak at least this share of the memory left after weights",
+    )
+    activation_share_high: float = _row(0.33, "share", "starting chunk: and at most this share")
+    link_bandwidth_gbps: float = _row(25.0, "GB/s", "PD estimate: the prefill-to-decode link's bandwidth")
+    pd_max_transfer_share: float = _row(
+        0.5, "share", "PD estimate: pays when the KV transfer is at most this share of the prefill time"
+    )
+
+
+@dataclass(frozen=True)
+class ThresholdRow:
+    field: str
+    default: float
+    unit: str
+    meaning: str
+
+
+THRESHOLDS: tuple[ThresholdRow, ...] = tuple(
+    ThresholdRow(f.name, getattr(Thresholds, f.name), f.metadata["unit"], f.metadata["meaning"])
+    for f in fields(Thresholds)
+)
+THRESHOLD_UNITS: dict[str, str] = {row.field: row.unit for row in THRESHOLDS}
+
+# The unit of every figure a finding or the knobs report, so the page formats
+# each once ("s", "share", "times", "tokens", "bytes", "B/token", "s/token",
+# "count"); a test checks every figure has one.
+FIGURE_UNITS: dict[str, str] = {
+    # long tail
+    "long_prompt_tokens": "tokens",
+    "share_over_long": "share",
+    "p50_tokens": "tokens",
+    "p99_tokens": "tokens",
+    "p99_over_p50": "times",
+    # concurrency and memory
+    "saturated_waiting_share": "share",
+    "queue_p99_seconds": "s",
+    "preemptions": "count",
+    "peak_to_mean": "times",
+    "kv_usage_at_peaks": "share",
+    "preemptions_with_long_prefill": "count",
+    # decode stalls
+    "long_prefill_gap_p99_seconds": "s",
+    "other_gap_p99_seconds": "s",
+    "ratio": "times",
+    "stall_p99_seconds": "s",
+    "tbt_objective_seconds": "s",
+    "long_prefill_tokens": "tokens",
+    "num_long_prefill_gaps": "count",
+    "num_other_gaps": "count",
+    "num_stall_requests": "count",
+    # tuning
+    "throughput_per_worker": "tokens/s",
+    "baseline_throughput_per_worker": "tokens/s",
+    "baseline_stall_p99_seconds": "s",
+    "throughput_drop": "share",
+    "max_num_batched_tokens": "tokens",
+    "chunk_cap": "tokens",
+    "max_model_len": "tokens",
+    "prefill_seconds_per_token": "s/token",
+    "decode_step_seconds": "s",
+    "budget_step_seconds": "s",
+    "long_ttft_per_token_seconds": "s/token",
+    "short_ttft_per_token_seconds": "s/token",
+    "short_ttft_p99_during_long_seconds": "s",
+    "short_ttft_p99_otherwise_seconds": "s",
+    # PD and knobs
+    "kv_bytes_per_token": "B/token",
+    "transfer_seconds_per_token": "s/token",
+    "transfer_share": "share",
+    "device_memory_bytes": "bytes",
+    "weight_bytes": "bytes",
+    "activation_bytes_per_token": "B/token",
+    "memory_after_weights_bytes": "bytes",
+    "running_p90": "count",
+    "median_tokens_to_compute": "tokens",
+}
 
 
 @dataclass(frozen=True)
@@ -93,14 +225,60 @@ class Finding:
         return out
 
 
+@dataclass(frozen=True)
+class Question:
+    """One question's fixed parts; ``yes``/``no``/``not_enough`` build its
+    finding, so every finding is made the same way."""
+
+    key: str
+    title: str
+    t: Thresholds
+    uses: tuple[str, ...]  # the threshold fields it reads
+    chart: dict[str, Any] = field(default_factory=dict)
+    knob: str = ""
+    direction: str = ""
+    approximate: bool = False
+
+    def _finding(
+        self, answer: Answer, n: int, figures: Mapping[str, float | None], reasons: Sequence[str], advise: bool
+    ) -> Finding:
+        return Finding(
+            self.key,
+            self.title,
+            answer,
+            int(n),
+            dict(figures),
+            {name: getattr(self.t, name) for name in self.uses},
+            list(reasons),
+            self.chart,
+            self.knob if advise else "",
+            self.direction if advise else "",
+            self.approximate,
+        )
+
+    def yes(self, n: int, figures: Mapping[str, float | None], *reasons: str) -> Finding:
+        return self._finding(Answer.YES, n, figures, reasons, True)
+
+    def no(self, n: int, figures: Mapping[str, float | None], *reasons: str) -> Finding:
+        return self._finding(Answer.NO, n, figures, reasons, False)
+
+    def not_enough(self, n: int, figures: Mapping[str, float | None], *reasons: str) -> Finding:
+        return self._finding(Answer.NOT_ENOUGH_DATA, n, figures, reasons, False)
+
+    def judge(self, n: int, figures: Mapping[str, float | None], yes: Sequence[str], no: str) -> Finding:
+        """Yes with the reasons that hold, else no."""
+        return self.yes(n, figures, *yes) if yes else self.no(n, figures, no)
+
+
 # ---- inputs ----------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Requests:
-    """The gateway's log rows of the window (successful or not), in arrival order."""
+    """The gateway's log rows of the window (successful or not), in arrival
+    order. A refused request (429) has no prompt length: None, never 0."""
 
-    prompt_tokens: Sequence[int]
+    prompt_tokens: Sequence[int | None]
     cached_tokens: Sequence[int | None]  # None: the gateway did not learn it
     created: Sequence[float]  # epoch seconds
     ttft_seconds: Sequence[float | None]
@@ -109,9 +287,10 @@ class Requests:
 
 @dataclass(frozen=True)
 class Samples:
-    """One row per kept scrape of every worker in the group, each worker's rows
-    consecutive and in time order. Deltas are since the worker's previous row
-    (NaN for its first)."""
+    """One row per kept sample of every worker in the group, each worker's
+    rows consecutive and in time order. Deltas are since the worker's previous
+    row (NaN for its first). ``unit`` says what a row is: a scrape, or past ten
+    minutes a minute sample."""
 
     worker: Sequence[int]
     waiting: Sequence[float]
@@ -121,19 +300,30 @@ class Samples:
     memory_peak_bytes: Sequence[float]
     preemptions_delta: Sequence[float]
     long_prefill_steps_delta: Sequence[float]
+    unit: str = "scrapes"
 
 
 @dataclass(frozen=True)
 class Gaps:
-    """Gaps between tokens of requests already decoding, split by whether a
+    """Gaps between consecutive tokens of the same request, split by whether a
     prefill of more than ``long_prefill_tokens`` ran during the gap."""
 
     long_prefill_p99_seconds: float | None
     other_p99_seconds: float | None
     num_long_prefill: int
     num_other: int
-    long_prefill_tokens: int
-    approximate: bool = False  # from per-request stats (the gateway log), not per-step records
+    long_prefill_tokens: int | None
+    approximate: bool = False  # from per-request stats (the gateway log), not per-token records
+
+
+@dataclass(frozen=True)
+class Decode:
+    """The decode side against the pool's TBT objective."""
+
+    tbt_objective_seconds: float | None = None
+    stall_p99_seconds: float | None = None  # each request's largest gap, P99 over requests
+    num_stall_requests: int = 0
+    step_seconds: float | None = None  # a decode step: the ITL P50
 
 
 @dataclass(frozen=True)
@@ -151,7 +341,7 @@ class Profile:
 
 @dataclass(frozen=True)
 class Engine:
-    """What the workers say about their memory and speed."""
+    """What the workers say about their memory, speed and model."""
 
     device_memory_bytes: float | None
     weight_bytes: float | None
@@ -164,7 +354,7 @@ class Engine:
 
 @dataclass(frozen=True)
 class Throughput:
-    """A pool's (or its baseline's) figures for the tuning findings."""
+    """A pool's (or its baseline's) figures for the chunk-size finding."""
 
     output_tokens_per_second_per_worker: float | None
     stall_p99_seconds: float | None
@@ -185,6 +375,59 @@ class Inputs:
     profile: Profile | None
     pool: Throughput | None = None
     baseline: Throughput | None = None
+    decode: Decode = Decode()
+
+
+# ---- what is long, here ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LongPrompt:
+    tokens: int | None  # None: nothing known to judge by
+    basis: str
+
+
+def long_prompt(inputs: Inputs, t: Thresholds) -> LongPrompt:
+    """The shortest of: a prompt whose prefill alone would take longer than
+    the TBT objective; on a chunked pool, one over ``long_prompt_chunks``
+    chunk caps; one over ``long_prompt_context_share`` of the context."""
+    e, p, tbt = inputs.engine, inputs.profile, inputs.decode.tbt_objective_seconds
+    candidates: list[tuple[int, str]] = []
+    if tbt and e.prefill_seconds_per_token:
+        candidates.append(
+            (
+                int(tbt / e.prefill_seconds_per_token),
+                f"its prefill alone ({_seconds(e.prefill_seconds_per_token)} per token) would take longer "
+                f"than the TBT objective ({_seconds(tbt)})",
+            )
+        )
+    if p is not None and p.prefill_mode == "chunked":
+        candidates.append(
+            (
+                t.long_prompt_chunks * p.chunk_cap,
+                f"it spans more than {t.long_prompt_chunks} chunk caps of {p.chunk_cap:,}",
+            )
+        )
+    if e.max_model_len:
+        candidates.append(
+            (
+                int(e.max_model_len * t.long_prompt_context_share),
+                f"it fills more than {t.long_prompt_context_share:.0%} of the {e.max_model_len:,}-token context",
+            )
+        )
+    if not candidates:
+        return LongPrompt(None, "No max_model_len, chunk cap or prefill time per token known to say what is long.")
+    tokens, why = min(candidates)
+    tokens = max(1, tokens)
+    return LongPrompt(tokens, f"A prompt over {tokens:,} tokens is long here: {why}.")
+
+
+def _known(requests: Requests, *, ok_only: bool) -> np.ndarray:
+    """Prompt lengths of the rows that have one (successful ones only, if asked)."""
+    return np.asarray(
+        [n for n, ok in zip(requests.prompt_tokens, requests.ok, strict=True) if n is not None and (ok or not ok_only)],
+        dtype=np.float64,
+    )
 
 
 # ---- the three questions -----------------------------------------------------------
@@ -198,54 +441,52 @@ def _length_histogram(lengths: np.ndarray) -> dict[str, Any]:
     return {"kind": "bar", "labels": labels, "values": [counts[label] for label in labels], "unit": "requests"}
 
 
-def long_tail(requests: Requests, t: Thresholds) -> Finding:
-    lengths = np.asarray(requests.prompt_tokens, dtype=np.float64)
+def long_tail(requests: Requests, long: LongPrompt, t: Thresholds) -> Finding:
+    lengths = _known(requests, ok_only=False)
     n = len(lengths)
     p50 = percentile(lengths.tolist(), 50)
     p99 = percentile(lengths.tolist(), 99)
-    share = float((lengths > t.long_prompt_tokens).mean()) if n else None
+    share = float((lengths > long.tokens).mean()) if n and long.tokens is not None else None
     ratio = p99 / p50 if p50 and p99 is not None else None
-    figures = {"share_over_long": share, "p50_tokens": p50, "p99_tokens": p99, "p99_over_p50": ratio}
-    thresholds = {
-        "long_prompt_tokens": t.long_prompt_tokens,
-        "long_tail_share": t.long_tail_share,
-        "long_tail_p99_over_p50": t.long_tail_p99_over_p50,
-        "min_requests": t.min_requests,
+    figures = {
+        "long_prompt_tokens": long.tokens,
+        "share_over_long": share,
+        "p50_tokens": p50,
+        "p99_tokens": p99,
+        "p99_over_p50": ratio,
     }
-    chart = _length_histogram(lengths)
-    title = "Is the prompt-length distribution long-tailed?"
-    if n < t.min_requests or share is None:
-        return Finding(
-            "long_tail",
-            title,
-            Answer.NOT_ENOUGH_DATA,
-            n,
-            figures,
-            thresholds,
-            [f"Only {n} requests in the window; the answer needs {t.min_requests}."],
-            chart,
-        )
-    reasons = []
-    if share >= t.long_tail_share:
-        reasons.append(
-            f"{share:.1%} of prompts are over {t.long_prompt_tokens} tokens (threshold {t.long_tail_share:.0%})."
-        )
-    if ratio is not None and ratio >= t.long_tail_p99_over_p50:
-        reasons.append(f"The P99 prompt is {ratio:.1f}× the median (threshold {t.long_tail_p99_over_p50:g}×).")
-    if reasons:
-        return Finding("long_tail", title, Answer.YES, n, figures, thresholds, reasons, chart)
-    return Finding(
+    ask = Question(
         "long_tail",
-        title,
-        Answer.NO,
+        "Is the prompt-length distribution long-tailed?",
+        t,
+        (
+            "long_prompt_context_share",
+            "long_prompt_chunks",
+            "long_tail_share",
+            "long_tail_p99_over_p50",
+            "min_requests",
+        ),
+        _length_histogram(lengths),
+    )
+    if n < t.min_requests:
+        return ask.not_enough(
+            n, figures, f"Only {n} requests with a prompt length in the window; the answer needs {t.min_requests}."
+        )
+    if share is None or long.tokens is None:
+        return ask.not_enough(n, figures, long.basis)
+    yes = []
+    if share >= t.long_tail_share:
+        yes.append(f"{share:.1%} of prompts are over {long.tokens:,} tokens (threshold {t.long_tail_share:.0%}).")
+    if ratio is not None and ratio >= t.long_tail_p99_over_p50:
+        yes.append(f"The P99 prompt is {ratio:.1f}× the median (threshold {t.long_tail_p99_over_p50:g}×).")
+    if yes:
+        yes.append(long.basis)
+    return ask.judge(
         n,
         figures,
-        thresholds,
-        [
-            f"Only {share:.1%} of prompts are over {t.long_prompt_tokens} tokens and the P99 prompt is "
-            f"{ratio or 0:.1f}× the median: no long tail."
-        ],
-        chart,
+        yes,
+        f"Only {share:.1%} of prompts are over {long.tokens:,} tokens and the P99 prompt is {ratio or 0:.1f}× the "
+        f"median: no long tail. {long.basis}",
     )
 
 
@@ -259,67 +500,52 @@ def _saturated(s: Samples, t: Thresholds) -> np.ndarray:
         return np.asarray((waiting > 0) & full, dtype=bool)
 
 
+def _too_few_samples(s: Samples, t: Thresholds, extra: str = "") -> str:
+    return f"Only {len(s.waiting)} {s.unit}{extra} in the window; the answer needs {t.min_samples}."
+
+
 def concurrency(inputs: Inputs, t: Thresholds) -> Finding:
     s = inputs.samples
     n = len(s.waiting)
     saturated = _saturated(s, t)
     share = float(saturated.mean()) if n else None
-    preemptions = inputs.num_preemptions
-    queue = inputs.queue_p99_seconds
+    preemptions, queue = inputs.num_preemptions, inputs.queue_p99_seconds
     figures = {"saturated_waiting_share": share, "queue_p99_seconds": queue, "preemptions": preemptions}
-    thresholds = {
-        "saturated_share": t.saturated_share,
-        "kv_nearly_full": t.kv_nearly_full,
-        "queue_p99_seconds": t.queue_p99_seconds,
-        "min_samples": t.min_samples,
-    }
-    chart = {
-        "kind": "bar",
-        "labels": ["saturated with waiting", "otherwise"],
-        "values": [int(saturated.sum()), int(n - saturated.sum())],
-        "unit": "scrapes",
-    }
-    title = "Is concurrency held back?"
+    ask = Question(
+        "concurrency",
+        "Is concurrency held back?",
+        t,
+        ("saturated_share", "kv_nearly_full", "queue_p99_seconds", "min_samples"),
+        {
+            "kind": "bar",
+            "labels": ["saturated with waiting", "otherwise"],
+            "values": [int(saturated.sum()), int(n - saturated.sum())],
+            "unit": s.unit,
+        },
+    )
     if n < t.min_samples or share is None:
-        return Finding(
-            "concurrency",
-            title,
-            Answer.NOT_ENOUGH_DATA,
-            n,
-            figures,
-            thresholds,
-            [f"Only {n} scrapes in the window; the answer needs {t.min_samples}."],
-            chart,
-        )
-    reasons = []
+        return ask.not_enough(n, figures, _too_few_samples(s, t))
+    yes = []
     if share >= t.saturated_share:
-        reasons.append(
+        yes.append(
             f"Requests waited while the engine ran at max_num_seqs or with its KV cache over "
-            f"{t.kv_nearly_full:.0%} in {share:.1%} of scrapes (threshold {t.saturated_share:.0%})."
+            f"{t.kv_nearly_full:.0%} in {share:.1%} of {s.unit} (threshold {t.saturated_share:.0%})."
         )
     if queue is not None and queue >= t.queue_p99_seconds and (preemptions or 0) > 0:
-        reasons.append(
+        yes.append(
             f"Queue time P99 is {queue:.2f} s (threshold {t.queue_p99_seconds:g} s) with {preemptions:.0f} preemptions."
         )
-    if reasons:
-        return Finding("concurrency", title, Answer.YES, n, figures, thresholds, reasons, chart)
-    return Finding(
-        "concurrency",
-        title,
-        Answer.NO,
+    return ask.judge(
         n,
         figures,
-        thresholds,
-        [
-            f"Requests waited at full occupancy in only {share:.1%} of scrapes and the queue P99 is "
-            f"{_seconds(queue)}: concurrency is not held back."
-        ],
-        chart,
+        yes,
+        f"Requests waited at full occupancy in only {share:.1%} of {s.unit} and the queue P99 is "
+        f"{_seconds(queue)}: concurrency is not held back.",
     )
 
 
 def _at_peaks(s: Samples) -> np.ndarray:
-    """Each worker's scrapes within 5% of its own highest memory peak."""
+    """Each worker's samples within 5% of its own highest memory peak."""
     worker = np.asarray(s.worker)
     peak = np.asarray(s.memory_peak_bytes, dtype=np.float64)
     out = np.zeros(len(peak), dtype=bool)
@@ -346,131 +572,267 @@ def memory(inputs: Inputs, t: Thresholds) -> Finding:
         "preemptions": float(pre.sum()),
         "preemptions_with_long_prefill": aligned,
     }
-    thresholds = {
-        "memory_peak_to_mean": t.memory_peak_to_mean,
-        "kv_nearly_full": t.kv_nearly_full,
-        "min_samples": t.min_samples,
-    }
-    chart = {
-        "kind": "bar",
-        "labels": ["preemptions while a long prefill ran", "other preemptions"],
-        "values": [aligned, float(pre.sum()) - aligned],
-        "unit": "preemptions",
-    }
-    title = "Does the memory peak cap the batch?"
-    if n < t.min_samples or ratio is None:
-        return Finding(
-            "memory",
-            title,
-            Answer.NOT_ENOUGH_DATA,
-            n,
-            figures,
-            thresholds,
-            [f"Only {n} scrapes (or no memory figures) in the window; the answer needs {t.min_samples}."],
-            chart,
-        )
-    if ratio < t.memory_peak_to_mean:
-        return Finding(
-            "memory",
-            title,
-            Answer.NO,
-            n,
-            figures,
-            thresholds,
-            [
-                f"Memory peaks at {ratio:.2f}× its mean (threshold {t.memory_peak_to_mean:g}×): the peaks are not "
-                "what limits the batch."
-            ],
-            chart,
-        )
-    full = kv_at_peaks is not None and kv_at_peaks >= t.kv_nearly_full
-    if full or aligned > 0:
-        reasons = [f"Memory peaks at {ratio:.2f}× its mean (threshold {t.memory_peak_to_mean:g}×)."]
-        if full:
-            reasons.append(f"At the peaks the KV cache is {kv_at_peaks:.0%} full (threshold {t.kv_nearly_full:.0%}).")
-        if aligned > 0:
-            reasons.append(f"{aligned:.0f} preemptions happened while a long prefill ran.")
-        return Finding("memory", title, Answer.YES, n, figures, thresholds, reasons, chart)
-    return Finding(
+    ask = Question(
         "memory",
-        title,
-        Answer.NO,
+        "Does the memory peak cap the batch?",
+        t,
+        ("memory_peak_to_mean", "kv_nearly_full", "min_samples"),
+        {
+            "kind": "bar",
+            "labels": ["preemptions while a long prefill ran", "other preemptions"],
+            "values": [aligned, float(pre.sum()) - aligned],
+            "unit": "preemptions",
+        },
+    )
+    if n < t.min_samples or ratio is None:
+        return ask.not_enough(n, figures, _too_few_samples(s, t, " (or no memory figures)"))
+    if ratio < t.memory_peak_to_mean:
+        return ask.no(
+            n,
+            figures,
+            f"Memory peaks at {ratio:.2f}× its mean (threshold {t.memory_peak_to_mean:g}×): the peaks are not "
+            "what limits the batch.",
+        )
+    yes = []
+    if kv_at_peaks is not None and kv_at_peaks >= t.kv_nearly_full:
+        yes.append(f"At the peaks the KV cache is {kv_at_peaks:.0%} full (threshold {t.kv_nearly_full:.0%}).")
+    if aligned > 0:
+        yes.append(f"{aligned:.0f} preemptions happened while a long prefill ran.")
+    if yes:
+        yes.insert(0, f"Memory peaks at {ratio:.2f}× its mean (threshold {t.memory_peak_to_mean:g}×).")
+    return ask.judge(
         n,
         figures,
-        thresholds,
-        [
-            f"Memory peaks at {ratio:.2f}× its mean, but the KV cache has room at the peaks "
-            f"({_percent(kv_at_peaks)}) and no preemption lines up with a long prefill."
-        ],
-        chart,
+        yes,
+        f"Memory peaks at {ratio:.2f}× its mean, but the KV cache has room at the peaks "
+        f"({_percent(kv_at_peaks)}) and no preemption lines up with a long prefill.",
     )
 
 
-def head_of_line(gaps: Gaps, t: Thresholds) -> Finding:
-    ratio = None
-    if gaps.long_prefill_p99_seconds is not None and gaps.other_p99_seconds:
-        ratio = gaps.long_prefill_p99_seconds / gaps.other_p99_seconds
-    n = min(gaps.num_long_prefill, gaps.num_other)
+# ---- the decode-stall evidence ------------------------------------------------------
+
+
+def stalls(gaps: Gaps, decode: Decode, t: Thresholds) -> tuple[Stall, Finding]:
+    """Do long prefills push the decode gap P99 past the TBT objective? Also
+    whether anything else breaks it (the P99 of the other gaps, or of each
+    request's largest gap), which chunked prefill alone would not fix."""
+    long_p99, other_p99, tbt = gaps.long_prefill_p99_seconds, gaps.other_p99_seconds, decode.tbt_objective_seconds
+    ratio = long_p99 / other_p99 if long_p99 is not None and other_p99 else None
     figures = {
-        "long_prefill_gap_p99_seconds": gaps.long_prefill_p99_seconds,
-        "other_gap_p99_seconds": gaps.other_p99_seconds,
+        "long_prefill_gap_p99_seconds": long_p99,
+        "other_gap_p99_seconds": other_p99,
         "ratio": ratio,
+        "stall_p99_seconds": decode.stall_p99_seconds,
+        "tbt_objective_seconds": tbt,
+        "long_prefill_tokens": gaps.long_prefill_tokens,
         "num_long_prefill_gaps": float(gaps.num_long_prefill),
         "num_other_gaps": float(gaps.num_other),
+        "num_stall_requests": float(decode.num_stall_requests),
     }
-    thresholds = {"hol_ratio": t.hol_ratio, "long_prefill_tokens": gaps.long_prefill_tokens, "min_gaps": t.min_gaps}
-    chart = {
-        "kind": "bar",
-        "labels": [f"while a prefill > {gaps.long_prefill_tokens} tokens ran", "while none did"],
-        "values": [gaps.long_prefill_p99_seconds, gaps.other_p99_seconds],
-        "unit": "s",
-    }
-    title = "Do long prefills stall the requests already decoding?"
+    long_label = f"> {gaps.long_prefill_tokens:,} tokens" if gaps.long_prefill_tokens else "long"
+    bars: list[tuple[str, float | None]] = [
+        (f"gap P99 while a prefill {long_label} ran", long_p99),
+        ("gap P99 otherwise", other_p99),
+        ("each request's largest gap, P99", decode.stall_p99_seconds),
+        ("TBT objective", tbt),
+    ]
+    ask = Question(
+        "head_of_line",
+        "Do long prefills stall decoding requests past the TBT objective?",
+        t,
+        ("min_gaps", "min_requests", "hol_ratio"),
+        {"kind": "bar", "labels": [b[0] for b in bars], "values": [b[1] for b in bars], "unit": "s"},
+        approximate=gaps.approximate,
+    )
     approx = " (approximate: from per-request stats)" if gaps.approximate else ""
-    if n < t.min_gaps or ratio is None:
-        return Finding(
-            "head_of_line",
-            title,
-            Answer.NOT_ENOUGH_DATA,
-            n,
+    enough_long = gaps.num_long_prefill >= t.min_gaps and long_p99 is not None
+    enough_other = gaps.num_other >= t.min_gaps and other_p99 is not None
+    enough_stall = decode.num_stall_requests >= t.min_requests and decode.stall_p99_seconds is not None
+    counts = (
+        f"{gaps.num_long_prefill} gaps during long prefills, {gaps.num_other} others, "
+        f"{decode.num_stall_requests} requests"
+    )
+    if not tbt:
+        return Stall.UNKNOWN, ask.not_enough(0, figures, "No TBT objective to judge the decode gaps against.")
+    if enough_long and long_p99 is not None and long_p99 > tbt:
+        other_too = enough_other and other_p99 is not None and other_p99 > tbt
+        if not other_too or (ratio is not None and ratio >= t.hol_ratio):
+            return Stall.LONG_PREFILL, ask.yes(
+                gaps.num_long_prefill,
+                figures,
+                f"While a prefill {long_label} runs, the P99 gap between a decoding request's tokens is "
+                f"{_seconds(long_p99)}, past the TBT objective of {_seconds(tbt)} ({gaps.num_long_prefill} gaps); "
+                f"otherwise it is {_seconds(other_p99)}{approx}.",
+            )
+        return Stall.OTHER, ask.no(
+            max(gaps.num_other, decode.num_stall_requests),
             figures,
-            thresholds,
-            [
-                f"{gaps.num_long_prefill} gaps during long prefills and {gaps.num_other} others; the answer needs "
-                f"{t.min_gaps} of each{approx}."
-            ],
-            chart,
-            approximate=gaps.approximate,
+            f"Decodes miss the TBT objective of {_seconds(tbt)} without long prefills too (gap P99 "
+            f"{_seconds(other_p99)} otherwise, {_seconds(long_p99)} during them: {ratio or 0:.1f}×, under "
+            f"{t.hol_ratio:g}×){approx}: long prefills are not what breaks it.",
         )
-    sentence = (
-        f"While a prefill of more than {gaps.long_prefill_tokens} tokens runs, the P99 gap between tokens is "
-        f"{_seconds(gaps.long_prefill_p99_seconds)} against {_seconds(gaps.other_p99_seconds)} while none "
-        f"does: {ratio:.1f}× (threshold {t.hol_ratio:g}×){approx}."
-    )
-    answer = Answer.YES if ratio >= t.hol_ratio else Answer.NO
-    return Finding(
-        "head_of_line", title, answer, n, figures, thresholds, [sentence], chart, approximate=gaps.approximate
+    if enough_other and other_p99 is not None and other_p99 > tbt:
+        return Stall.OTHER, ask.no(
+            gaps.num_other,
+            figures,
+            f"Decodes miss the TBT objective of {_seconds(tbt)} without long prefills: the gap P99 is "
+            f"{_seconds(other_p99)} while none runs{approx}. Chunked prefill alone will not fix that.",
+        )
+    if enough_stall and decode.stall_p99_seconds is not None and decode.stall_p99_seconds > tbt:
+        if gaps.num_long_prefill and not enough_long:
+            return Stall.UNKNOWN, ask.not_enough(
+                gaps.num_long_prefill,
+                figures,
+                f"Requests' largest gaps (P99 {_seconds(decode.stall_p99_seconds)}) break the TBT objective of "
+                f"{_seconds(tbt)}, but {counts}: too few gaps during long prefills to say whether they are the "
+                f"cause (the answer needs {t.min_gaps}){approx}.",
+            )
+        return Stall.OTHER, ask.no(
+            decode.num_stall_requests,
+            figures,
+            f"Requests' largest gaps (P99 {_seconds(decode.stall_p99_seconds)}) break the TBT objective of "
+            f"{_seconds(tbt)}, but not while long prefills run{approx}.",
+        )
+    if enough_stall or enough_other:
+        return Stall.NONE, ask.no(
+            max(decode.num_stall_requests, gaps.num_other),
+            figures,
+            f"No stall breaks the TBT objective of {_seconds(tbt)}: each request's largest gap has P99 "
+            f"{_seconds(decode.stall_p99_seconds)}, and the gap P99 is {_seconds(long_p99)} during long prefills, "
+            f"{_seconds(other_p99)} otherwise ({counts}){approx}.",
+        )
+    return Stall.UNKNOWN, ask.not_enough(
+        gaps.num_long_prefill + gaps.num_other,
+        figures,
+        f"{counts}; the answer needs {t.min_gaps} gaps or {t.min_requests} requests{approx}.",
     )
 
 
-def overall(answers: Sequence[Finding], hol: Finding) -> tuple[Overall, list[str]]:
-    """Two yes of three: likely worth it; fewer yes than two even if every
-    unanswered one said yes: not worth it; else not enough data."""
-    yes = [a for a in answers if a.answer == Answer.YES]
-    unknown = [a for a in answers if a.answer == Answer.NOT_ENOUGH_DATA]
-    if len(yes) >= 2:
-        reasons = [a.reasons[0] for a in yes]
-        if hol.answer == Answer.YES:
+# ---- the overall verdict: a decision table ---------------------------------------------
+
+
+class Questions(StrEnum):
+    """What the three questions say together."""
+
+    TWO_YES = "two_yes"
+    COULD = "could"  # under two yes, but the unanswered could make two
+    NO = "no"  # at most one yes even if every unanswered one said yes
+
+
+QUESTIONS_TEXT = {
+    Questions.TWO_YES: "two or three say yes",
+    Questions.COULD: "under two say yes, but the unanswered could make two",
+    Questions.NO: "at most one says yes, even counting the unanswered",
+}
+STALL_TEXT = {
+    Stall.LONG_PREFILL: "long prefills push the decode gap P99 past the TBT objective",
+    Stall.OTHER: "decodes miss the objective, but not because of long prefills",
+    Stall.NONE: "no stall breaks the objective",
+    Stall.UNKNOWN: "not enough gaps or requests to say",
+}
+
+
+@dataclass(frozen=True)
+class Rule:
+    stalls: tuple[Stall, ...]
+    questions: tuple[Questions, ...]
+    overall: Overall
+    why: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "stalls": [STALL_TEXT[s] for s in self.stalls],
+            "questions": [QUESTIONS_TEXT[q] for q in self.questions],
+            "overall": self.overall.value,
+            "why": self.why,
+        }
+
+
+ANY_QUESTIONS = (Questions.TWO_YES, Questions.COULD, Questions.NO)
+DECISION_TABLE: tuple[Rule, ...] = (
+    Rule(
+        (Stall.LONG_PREFILL,),
+        ANY_QUESTIONS,
+        Overall.WORTH_IT,
+        "Long prefills push the decode gap P99 past the TBT objective: chunking removes exactly that stall. "
+        "The three questions say how much more it gives.",
+    ),
+    Rule(
+        (Stall.NONE, Stall.OTHER, Stall.UNKNOWN),
+        (Questions.TWO_YES,),
+        Overall.WORTH_IT,
+        "Two of the three questions say yes: chunking would pay through them, though long prefills do not "
+        "(measurably) stall decodes past the objective today.",
+    ),
+    Rule(
+        (Stall.OTHER,),
+        (Questions.COULD, Questions.NO),
+        Overall.OTHER_CAUSE,
+        "Decodes miss the TBT objective, but not during long prefills: chunked prefill alone will not meet it "
+        "(look at the batch size and capacity first).",
+    ),
+    Rule(
+        (Stall.NONE,),
+        (Questions.NO,),
+        Overall.NOT_WORTH_IT,
+        "No stall breaks the TBT objective and the questions say no: the complexity of chunked prefill may not pay.",
+    ),
+    Rule(
+        (Stall.NONE,),
+        (Questions.COULD,),
+        Overall.NOT_ENOUGH_DATA,
+        "No stall breaks the TBT objective, but the unanswered questions could still make two yes.",
+    ),
+    Rule(
+        (Stall.UNKNOWN,),
+        (Questions.COULD, Questions.NO),
+        Overall.NOT_ENOUGH_DATA,
+        "Too few gaps or requests to say whether long prefills stall decodes, and the questions alone do not "
+        "make two yes.",
+    ),
+)
+
+
+def questions_say(answers: Sequence[Finding]) -> Questions:
+    yes = sum(a.answer == Answer.YES for a in answers)
+    unknown = sum(a.answer == Answer.NOT_ENOUGH_DATA for a in answers)
+    if yes >= 2:
+        return Questions.TWO_YES
+    return Questions.COULD if yes + unknown >= 2 else Questions.NO
+
+
+def rule_for(stall: Stall, questions: Questions) -> int:
+    """The index of the one row of ``DECISION_TABLE`` that matches."""
+    return next(i for i, r in enumerate(DECISION_TABLE) if stall in r.stalls and questions in r.questions)
+
+
+def overall(answers: Sequence[Finding], hol: Finding, stall: Stall) -> tuple[Overall, list[str], int]:
+    """The verdict, its reasons (the rule's, then every finding that bears on
+    it, each contradicting one with why), and the matching rule's index."""
+    said = questions_say(answers)
+    index = rule_for(stall, said)
+    rule = DECISION_TABLE[index]
+    reasons = [rule.why]
+    if rule.overall == Overall.WORTH_IT:
+        if stall == Stall.LONG_PREFILL:
             reasons.append(hol.reasons[0])
-        elif hol.answer == Answer.NO:
-            reasons.append("But long prefills do not stall decodes much yet, so chunking has little to fix today.")
-        return Overall.WORTH_IT, reasons
-    if len(yes) + len(unknown) < 2:
-        return Overall.NOT_WORTH_IT, [
-            "At most one of the three questions says yes: the complexity of chunked prefill may not pay.",
-            *(a.reasons[0] for a in answers if a.answer == Answer.NO),
-        ]
-    return Overall.NOT_ENOUGH_DATA, [f"{a.title} {a.reasons[0]}" for a in unknown]
+        reasons.extend(f"{a.title} Yes: {a.reasons[0]}" for a in answers if a.answer == Answer.YES)
+        reasons.extend(f"{a.title} No: {a.reasons[0]}" for a in answers if a.answer == Answer.NO)
+        if stall != Stall.LONG_PREFILL:
+            reasons.append(f"{hol.title} {ANSWER_TEXT[hol.answer]}: {hol.reasons[0]}")
+    elif rule.overall in (Overall.NOT_WORTH_IT, Overall.OTHER_CAUSE):
+        reasons.append(hol.reasons[0])
+        reasons.extend(
+            f"{a.title} Yes ({a.reasons[0]}), but one yes alone, with no stall from long prefills, does not make "
+            "chunking pay."
+            for a in answers
+            if a.answer == Answer.YES
+        )
+        reasons.extend(a.reasons[0] for a in answers if a.answer == Answer.NO)
+    else:
+        reasons.append(f"{hol.title} {ANSWER_TEXT[hol.answer]}: {hol.reasons[0]}")
+        reasons.extend(f"{a.title} {ANSWER_TEXT[a.answer]}: {a.reasons[0]}" for a in answers)
+    return rule.overall, reasons, index
 
 
 # ---- starting knobs -----------------------------------------------------------------
@@ -479,7 +841,7 @@ def overall(answers: Sequence[Finding], hol: Finding) -> tuple[Overall, list[str
 @dataclass(frozen=True)
 class Knobs:
     chunk_tokens: int | None
-    chunk_tokens_high: int | None
+    chunk_tokens_high: int | None  # the memory rule's upper bound
     short_prompt_threshold: int | None
     max_num_batched_tokens: int | None
     max_num_seqs: int | None
@@ -505,39 +867,96 @@ def _round_down(value: float, multiple: int) -> int:
     return max(multiple, int(value // multiple) * multiple)
 
 
+def running_p90(samples: Samples) -> float | None:
+    running = [v for v in samples.running if math.isfinite(v)]
+    return percentile(running, 90) if running else None
+
+
 def knobs(inputs: Inputs, t: Thresholds) -> Knobs:
-    """A chunk whose prefill activation peak stays within ¼–⅓ of the memory
-    left after weights; a short-prompt threshold at the median prompt still to
-    compute after its prefix hit (those run whole); a budget with a seat for
-    every running decode beside one full chunk."""
-    e, p = inputs.engine, inputs.profile
+    """Sarathi-Serve's rule: the largest budget whose step, with the typical
+    decode batch (P90 of running requests) plus one chunk, fits the TBT
+    objective; then the chunk bounded by memory (its activation peak within
+    ¼–⅓ of what is left after weights) and the budget strictly below the
+    context, so a long prompt is always split. The short-prompt threshold is
+    the median prompt of the successful requests, after its prefix hit."""
+    e, p, d = inputs.engine, inputs.profile, inputs.decode
     block = p.block_size if p else 16
-    seats = p.max_num_seqs if p else None
+    r90 = running_p90(inputs.samples)
+    decodes = math.ceil(r90) if r90 is not None else (p.max_num_seqs if p else 0)
     reasons: list[str] = []
     figures: dict[str, float | None] = {
+        "tbt_objective_seconds": d.tbt_objective_seconds,
+        "prefill_seconds_per_token": e.prefill_seconds_per_token,
+        "decode_step_seconds": d.step_seconds,
+        "running_p90": r90,
         "device_memory_bytes": e.device_memory_bytes,
         "weight_bytes": e.weight_bytes,
         "activation_bytes_per_token": e.activation_bytes_per_token,
+        "max_model_len": e.max_model_len,
     }
-    chunk = chunk_high = None
+    # First, the step time: budget × prefill time per token + a decode step ≤ the TBT objective.
+    budget = chunk = None
+    tbt, spt, step = d.tbt_objective_seconds, e.prefill_seconds_per_token, d.step_seconds
+    if tbt and spt and step is not None:
+        if step >= tbt:
+            reasons.append(
+                f"A decode step alone ({_seconds(step)}, the ITL P50) takes the whole TBT objective "
+                f"({_seconds(tbt)}): no budget fits; this takes fewer running requests or faster hardware."
+            )
+        else:
+            budget = _round_down((tbt - step) / spt, block)
+            chunk = max(block, budget - decodes)
+            reasons.append(
+                f"max_num_batched_tokens {budget:,}: the largest whose step ({budget:,} × "
+                f"{_seconds(spt)} per token + a {_seconds(step)} decode step) fits the TBT objective of "
+                f"{_seconds(tbt)}, with one chunk of {chunk:,} beside the {decodes} running decodes (P90)."
+            )
+    else:
+        reasons.append(
+            "No step-time rule: it needs the TBT objective, the measured prefill time per token and the decode "
+            "step time (ITL P50)."
+        )
+    # Then memory: the chunk's prefill activation peak within ¼–⅓ of what is left after weights.
+    chunk_high = None
     if e.device_memory_bytes and e.weight_bytes is not None and e.activation_bytes_per_token:
         left = max(0.0, e.device_memory_bytes - e.weight_bytes)
         figures["memory_after_weights_bytes"] = left
-        chunk = _round_down(left * t.activation_share_low / e.activation_bytes_per_token, block)
+        low = _round_down(left * t.activation_share_low / e.activation_bytes_per_token, block)
         chunk_high = _round_down(left * t.activation_share_high / e.activation_bytes_per_token, block)
-        if e.max_model_len:
-            chunk, chunk_high = min(chunk, e.max_model_len), min(chunk_high, e.max_model_len)
-        reasons.append(
-            f"A chunk of {chunk}–{chunk_high} tokens keeps the prefill activation peak "
-            f"({e.activation_bytes_per_token:,.0f} bytes per token, measured) within "
-            f"{t.activation_share_low:.0%}–{t.activation_share_high:.0%} of the {_gib(left)} left after weights."
-        )
-    else:
+        if chunk is None or chunk > chunk_high:
+            chunk = chunk_high if chunk is not None else low
+            reasons.append(
+                f"A chunk of {chunk:,} tokens keeps the prefill activation peak "
+                f"({e.activation_bytes_per_token:,.0f} bytes per token, measured) within "
+                f"{t.activation_share_low:.0%}–{t.activation_share_high:.0%} of the {_gib(left)} left after weights "
+                f"({low:,}–{chunk_high:,} tokens)."
+            )
+        else:
+            reasons.append(
+                f"The memory rule allows up to {chunk_high:,} tokens per chunk ({t.activation_share_high:.0%} of the "
+                f"{_gib(left)} left after weights): the step time is the tighter bound."
+            )
+    elif chunk is None:
         reasons.append(
             "No chunk size: the workers do not report their memory after weights and activation per token yet."
         )
+    # Last, strictly below the context, so that a prompt of max_model_len is split.
+    if chunk is not None:
+        budget = chunk + decodes if budget is None else min(budget, chunk + decodes)
+        if e.max_model_len and budget >= e.max_model_len:
+            budget = max(block, e.max_model_len - block)
+            chunk = max(block, min(chunk, budget - decodes))
+            reasons.append(
+                f"Capped at {budget:,} tokens, strictly below the {e.max_model_len:,}-token context, so the "
+                "longest prompt is still split."
+            )
+    # The short-prompt threshold: successful requests only (a refused one has no length).
     to_compute = [
-        max(0, n - (c or 0)) for n, c in zip(inputs.requests.prompt_tokens, inputs.requests.cached_tokens, strict=True)
+        max(0, n - (c or 0))
+        for n, c, ok in zip(
+            inputs.requests.prompt_tokens, inputs.requests.cached_tokens, inputs.requests.ok, strict=True
+        )
+        if ok and n is not None
     ]
     short = None
     median = percentile(to_compute, 50)
@@ -546,50 +965,30 @@ def knobs(inputs: Inputs, t: Thresholds) -> Knobs:
         if chunk is not None:
             short = min(short, chunk)
         reasons.append(
-            f"short_prompt_threshold {short}: half the prompts have at most {median:.0f} tokens left to "
-            "compute after their prefix-cache hit, and those run whole, never split."
-        )
-    budget = None
-    if chunk is not None and seats is not None:
-        budget = chunk + seats
-        reasons.append(
-            f"max_num_batched_tokens {budget}: one full chunk beside one decode token for each of the "
-            f"max_num_seqs={seats} running requests."
+            f"short_prompt_threshold {short:,}: half the successful requests have at most {median:.0f} prompt "
+            "tokens left to compute after their prefix-cache hit, and those run whole, never split."
         )
     figures["median_tokens_to_compute"] = median
+    seats = p.max_num_seqs if p else None
     return Knobs(chunk, chunk_high, short, budget, seats, reasons, figures)
 
 
 # ---- is a chunked pool tuned right? ------------------------------------------------------
 
 
-def _finding(
-    key: str,
-    title: str,
-    answer: Answer,
-    n: int,
-    figures: Mapping[str, float | None],
-    thresholds: dict[str, float],
-    reason: str,
-    knob: str = "",
-    direction: str = "",
-) -> Finding:
-    return Finding(key, title, answer, n, dict(figures), thresholds, [reason], knob=knob, direction=direction)
-
-
 def chunk_too_small(inputs: Inputs, t: Thresholds) -> Finding:
     pool, base = inputs.pool, inputs.baseline
-    title = "Is the chunk too small?"
-    thresholds = {"chunk_too_small_throughput_drop": t.chunk_too_small_throughput_drop, "min_requests": t.min_requests}
+    ask = Question(
+        "chunk_too_small",
+        "Is the chunk too small?",
+        t,
+        ("chunk_too_small_drop", "min_requests"),
+        knob="long_prefill_token_threshold",
+        direction="raise",
+    )
     if pool is None or base is None:
-        return _finding(
-            "chunk_too_small",
-            title,
-            Answer.NOT_ENOUGH_DATA,
-            pool.num_requests if pool else 0,
-            {},
-            thresholds,
-            "No stable or monolithic baseline to compare throughput with.",
+        return ask.not_enough(
+            pool.num_requests if pool else 0, {}, "No stable or monolithic baseline to compare throughput with."
         )
     n = min(pool.num_requests, base.num_requests)
     figures = {
@@ -605,242 +1004,191 @@ def chunk_too_small(inputs: Inputs, t: Thresholds) -> Finding:
         or pool.stall_p99_seconds is None
         or base.stall_p99_seconds is None
     ):
-        return _finding(
-            "chunk_too_small",
-            title,
-            Answer.NOT_ENOUGH_DATA,
-            n,
-            figures,
-            thresholds,
-            f"{n} requests on the smaller side; the answer needs {t.min_requests} and both throughputs.",
+        return ask.not_enough(
+            n, figures, f"{n} requests on the smaller side; the answer needs {t.min_requests} and both throughputs."
         )
     drop = 1 - pool.output_tokens_per_second_per_worker / base.output_tokens_per_second_per_worker
     figures["throughput_drop"] = drop
     improved = pool.stall_p99_seconds < base.stall_p99_seconds
-    if drop > t.chunk_too_small_throughput_drop and improved:
-        return _finding(
-            "chunk_too_small",
-            title,
-            Answer.YES,
-            n,
-            figures,
-            thresholds,
+    yes = []
+    if drop > t.chunk_too_small_drop and improved:
+        yes.append(
             f"Throughput per worker is {drop:.0%} below {base.name or 'the baseline'} (threshold "
-            f"{t.chunk_too_small_throughput_drop:.0%}) while stalls improved: raise the chunk size "
-            "(long_prefill_token_threshold).",
-            "long_prefill_token_threshold",
-            "raise",
+            f"{t.chunk_too_small_drop:.0%}) while stalls improved: raise the chunk size "
+            "(long_prefill_token_threshold)."
         )
-    return _finding(
-        "chunk_too_small",
-        title,
-        Answer.NO,
+    return ask.judge(
         n,
         figures,
-        thresholds,
-        f"Throughput per worker is within {t.chunk_too_small_throughput_drop:.0%} of "
+        yes,
+        f"Throughput per worker is within {t.chunk_too_small_drop:.0%} of "
         f"{base.name or 'the baseline'} ({-drop:+.0%}), or stalls did not improve.",
     )
 
 
-def budget_too_large(inputs: Inputs, hol: Finding, t: Thresholds) -> Finding:
-    """Chunking nominally on, yet decodes still stall: against a monolithic
-    baseline the stall P99 is not ``budget_min_stall_gain``× better, or with
-    none, the pool's own long prefills still stall its decodes."""
-    pool, base = inputs.pool, inputs.baseline
-    title = "Is the budget too large?"
-    thresholds = {
-        "budget_min_stall_gain": t.budget_min_stall_gain,
-        "hol_ratio": t.hol_ratio,
-        "min_requests": t.min_requests,
-    }
-    knob, direction = "max_num_batched_tokens", "lower"
-    if base is not None and base.prefill_mode == "monolithic" and pool is not None:
-        n = min(pool.num_requests, base.num_requests)
-        figures = {"stall_p99_seconds": pool.stall_p99_seconds, "baseline_stall_p99_seconds": base.stall_p99_seconds}
-        if n >= t.min_requests and pool.stall_p99_seconds and base.stall_p99_seconds is not None:
-            gain = base.stall_p99_seconds / pool.stall_p99_seconds
-            figures["stall_gain"] = gain
-            if gain < t.budget_min_stall_gain:
-                return _finding(
-                    "budget_too_large",
-                    title,
-                    Answer.YES,
-                    n,
-                    figures,
-                    thresholds,
-                    f"The stall P99 is only {gain:.1f}× better than monolithic {base.name} (threshold "
-                    f"{t.budget_min_stall_gain:g}×): lower max_num_batched_tokens (and the chunk cap).",
-                    knob,
-                    direction,
-                )
-            return _finding(
-                "budget_too_large",
-                title,
-                Answer.NO,
-                n,
-                figures,
-                thresholds,
-                f"The stall P99 is {gain:.1f}× better than monolithic {base.name}.",
-            )
-    if hol.answer == Answer.NOT_ENOUGH_DATA:
-        return _finding(
-            "budget_too_large",
-            title,
-            Answer.NOT_ENOUGH_DATA,
-            hol.num_samples,
-            hol.figures,
-            thresholds,
-            "No monolithic baseline with enough requests, and too few gaps to judge the pool's own.",
-        )
-    ratio = hol.figures["ratio"] or 0.0
-    if hol.answer == Answer.YES:
-        return _finding(
-            "budget_too_large",
-            title,
-            Answer.YES,
-            hol.num_samples,
-            hol.figures,
-            thresholds,
-            f"Chunking is on, yet decodes stall {ratio:.1f}× longer while a long prefill runs (threshold "
-            f"{t.hol_ratio:g}×), as under monolithic prefill: lower max_num_batched_tokens (and the "
-            "chunk cap).",
-            knob,
-            direction,
-        )
-    return _finding(
+def budget_too_large(inputs: Inputs, stall: Stall, knobs: Knobs, t: Thresholds) -> Finding:
+    """Judged on the pool alone, never against another pool: a budget and
+    chunk cap that cover the whole context never split anything; else the
+    step a full budget implies (prefill time per token × budget + a decode
+    step) against the TBT objective; without step times, the stall evidence."""
+    p, e, d = inputs.profile, inputs.engine, inputs.decode
+    ask = Question(
         "budget_too_large",
-        title,
-        Answer.NO,
-        hol.num_samples,
-        hol.figures,
-        thresholds,
-        f"Decode gaps during long prefills are {ratio:.1f}× the others: the budget keeps them in check.",
+        "Is the budget too large?",
+        t,
+        ("budget_step_over_tbt",),
+        knob="max_num_batched_tokens",
+        direction="lower",
     )
-
-
-def starvation(requests: Requests, t: Thresholds) -> list[Finding]:
-    """Long prompts starved: their TTFT P50, per prompt token, against short
-    prompts'. Short ones starved: their TTFT while a long prompt was
-    prefilling (arrived between its arrival and first token) against otherwise."""
-    created = np.asarray(requests.created, dtype=np.float64)
-    lengths = np.asarray(requests.prompt_tokens, dtype=np.float64)
-    ttft = np.asarray([np.nan if v is None else v for v in requests.ttft_seconds], dtype=np.float64)
-    ok = np.asarray(requests.ok, dtype=bool) & ~np.isnan(ttft)
-    long = ok & (lengths > t.long_prompt_tokens)
-    short = ok & (lengths <= t.long_prompt_tokens)
-    thresholds = {
-        "starvation_ratio": t.starvation_ratio,
-        "long_prompt_tokens": t.long_prompt_tokens,
-        "min_requests": t.min_requests,
+    if p is None:
+        return ask.not_enough(0, {}, "No profile known for this pool.")
+    n = len(inputs.requests.created)
+    largest = min(p.max_num_batched_tokens, p.chunk_cap)
+    figures: dict[str, float | None] = {
+        "max_num_batched_tokens": p.max_num_batched_tokens,
+        "chunk_cap": p.chunk_cap,
+        "max_model_len": e.max_model_len,
+        "prefill_seconds_per_token": e.prefill_seconds_per_token,
+        "decode_step_seconds": d.step_seconds,
+        "tbt_objective_seconds": d.tbt_objective_seconds,
     }
-    out = []
-    title = "Do short prompts starve long ones?"
-    n = int(min(long.sum(), short.sum()))
-    if n < 1 or short.sum() + long.sum() < t.min_requests:
-        out.append(
-            _finding(
-                "long_starved",
-                title,
-                Answer.NOT_ENOUGH_DATA,
-                n,
-                {},
-                thresholds,
-                f"{int(long.sum())} long and {int(short.sum())} short requests; the answer needs some of "
-                f"each and {t.min_requests} in all.",
-            )
+    lower_to = (
+        f" Lower it (the advisor's start: {knobs.max_num_batched_tokens:,})."
+        if knobs.max_num_batched_tokens
+        else " Lower it."
+    )
+    if e.max_model_len and largest >= e.max_model_len:
+        return ask.yes(
+            n,
+            figures,
+            f"Not chunking: the budget ({p.max_num_batched_tokens:,}) and chunk cap ({p.chunk_cap:,}) are at or "
+            f"above the {e.max_model_len:,}-token context, so no prompt is ever split; this pool runs "
+            f"monolithic prefill under another name.{lower_to}",
         )
-    else:
-        long_rate = float(np.median(ttft[long] / np.maximum(lengths[long], 1)))
-        short_rate = float(np.median(ttft[short] / np.maximum(lengths[short], 1)))
-        ratio = long_rate / short_rate if short_rate > 0 else math.inf
-        figures = {"long_ttft_per_token_seconds": long_rate, "short_ttft_per_token_seconds": short_rate, "ratio": ratio}
-        if ratio >= t.starvation_ratio:
-            out.append(
-                _finding(
-                    "long_starved",
-                    title,
-                    Answer.YES,
-                    n,
-                    figures,
-                    thresholds,
-                    f"Long prompts wait {ratio:.1f}× longer per prompt token for their first token than "
-                    f"short ones (threshold {t.starvation_ratio:g}×): raise min_prefill_tokens_per_step.",
-                    "min_prefill_tokens_per_step",
-                    "raise",
-                )
-            )
-        else:
-            out.append(
-                _finding(
-                    "long_starved",
-                    title,
-                    Answer.NO,
-                    n,
-                    figures,
-                    thresholds,
-                    f"Long prompts' first token per prompt token is {ratio:.1f}× short ones'.",
-                )
-            )
-    title = "Do long prompts starve short ones?"
-    starts = created[long]
-    ends = starts + ttft[long]
+    tbt, spt, step = d.tbt_objective_seconds, e.prefill_seconds_per_token, d.step_seconds
+    if tbt and spt and step is not None:
+        implied = spt * p.max_num_batched_tokens + step
+        figures["budget_step_seconds"] = implied
+        sentence = (
+            f"A full step of {p.max_num_batched_tokens:,} tokens takes about {_seconds(implied)} "
+            f"({_seconds(spt)} per prefill token + a {_seconds(step)} decode step) against the TBT objective of "
+            f"{_seconds(tbt)}"
+        )
+        if implied > tbt * t.budget_step_over_tbt:
+            return ask.yes(n, figures, f"{sentence}: every full step stalls the decodes beside it.{lower_to}")
+        return ask.no(n, figures, f"{sentence}: the budget fits.")
+    if stall == Stall.LONG_PREFILL:
+        return ask.yes(
+            n,
+            figures,
+            f"No step times measured, but chunking is on and long prefills still push the decode gap P99 past "
+            f"the TBT objective.{lower_to}",
+        )
+    if stall in (Stall.NONE, Stall.OTHER):
+        return ask.no(
+            n, figures, "No step times measured, and long prefills do not push decodes past the TBT objective."
+        )
+    return ask.not_enough(n, figures, "No step times measured and too few decode gaps to judge the budget by.")
+
+
+def long_starved(requests: Requests, long: LongPrompt, t: Thresholds) -> Finding:
+    """Long prompts starved: their TTFT P50 per prompt token against short prompts'."""
+    ask = Question(
+        "long_starved",
+        "Do short prompts starve long ones?",
+        t,
+        ("starvation_ratio", "long_prompt_context_share", "long_prompt_chunks", "min_requests"),
+        knob="min_prefill_tokens_per_step",
+        direction="raise",
+    )
+    rows = _timed(requests, long)
+    if rows is None:
+        return ask.not_enough(0, {}, long.basis)
+    lengths, ttft, is_long, is_short, _ = rows
+    n = int(min(is_long.sum(), is_short.sum()))
+    if n < 1 or is_short.sum() + is_long.sum() < t.min_requests:
+        return ask.not_enough(
+            n,
+            {"long_prompt_tokens": long.tokens},
+            f"{int(is_long.sum())} long and {int(is_short.sum())} short requests (long: over {long.tokens:,} tokens); "
+            f"the answer needs some of each and {t.min_requests} in all.",
+        )
+    long_rate = float(np.median(ttft[is_long] / np.maximum(lengths[is_long], 1)))
+    short_rate = float(np.median(ttft[is_short] / np.maximum(lengths[is_short], 1)))
+    ratio = long_rate / short_rate if short_rate > 0 else math.inf
+    figures = {
+        "long_prompt_tokens": long.tokens,
+        "long_ttft_per_token_seconds": long_rate,
+        "short_ttft_per_token_seconds": short_rate,
+        "ratio": ratio,
+    }
+    yes = []
+    if ratio >= t.starvation_ratio:
+        yes.append(
+            f"Long prompts (over {long.tokens:,} tokens) wait {ratio:.1f}× longer per prompt token for their first "
+            f"token than short ones (threshold {t.starvation_ratio:g}×): raise min_prefill_tokens_per_step."
+        )
+    return ask.judge(n, figures, yes, f"Long prompts' first token per prompt token is {ratio:.1f}× short ones'.")
+
+
+def short_starved(requests: Requests, long: LongPrompt, t: Thresholds) -> Finding:
+    """Short prompts starved: their TTFT while a long prompt was prefilling
+    (arrived between its arrival and first token) against otherwise."""
+    ask = Question(
+        "short_starved",
+        "Do long prompts starve short ones?",
+        t,
+        ("starvation_ratio", "long_prompt_context_share", "long_prompt_chunks", "min_requests"),
+        knob="long_prefill_token_threshold",
+        direction="lower",
+    )
+    rows = _timed(requests, long)
+    if rows is None:
+        return ask.not_enough(0, {}, long.basis)
+    _, ttft, is_long, is_short, created = rows
     during = np.zeros(len(created), dtype=bool)
-    for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+    for a, b in zip(created[is_long].tolist(), (created[is_long] + ttft[is_long]).tolist(), strict=True):
         during |= (created > a) & (created < b)
-    hit, rest = short & during, short & ~during
+    hit, rest = is_short & during, is_short & ~during
     n = int(min(hit.sum(), rest.sum()))
-    if n < 1 or short.sum() < t.min_requests:
-        out.append(
-            _finding(
-                "short_starved",
-                title,
-                Answer.NOT_ENOUGH_DATA,
-                n,
-                {},
-                thresholds,
-                f"{int(hit.sum())} short requests arrived during a long prefill, {int(rest.sum())} "
-                f"otherwise; the answer needs some of each and {t.min_requests} short ones.",
-            )
+    if n < 1 or is_short.sum() < t.min_requests:
+        return ask.not_enough(
+            n,
+            {"long_prompt_tokens": long.tokens},
+            f"{int(hit.sum())} short requests arrived during a long prefill, {int(rest.sum())} "
+            f"otherwise; the answer needs some of each and {t.min_requests} short ones.",
         )
-        return out
     during_p99 = percentile(ttft[hit].tolist(), 99) or 0.0
     other_p99 = percentile(ttft[rest].tolist(), 99) or 0.0
     ratio = during_p99 / other_p99 if other_p99 > 0 else math.inf
     figures = {
+        "long_prompt_tokens": long.tokens,
         "short_ttft_p99_during_long_seconds": during_p99,
         "short_ttft_p99_otherwise_seconds": other_p99,
         "ratio": ratio,
     }
+    yes = []
     if ratio >= t.starvation_ratio:
-        out.append(
-            _finding(
-                "short_starved",
-                title,
-                Answer.YES,
-                n,
-                figures,
-                thresholds,
-                f"Short prompts arriving during a long prefill wait {ratio:.1f}× longer for their first "
-                f"token (P99 {_seconds(during_p99)} against {_seconds(other_p99)}; threshold "
-                f"{t.starvation_ratio:g}×): lower the chunk cap (long_prefill_token_threshold).",
-                "long_prefill_token_threshold",
-                "lower",
-            )
+        yes.append(
+            f"Short prompts arriving during a long prefill wait {ratio:.1f}× longer for their first "
+            f"token (P99 {_seconds(during_p99)} against {_seconds(other_p99)}; threshold "
+            f"{t.starvation_ratio:g}×): lower the chunk cap (long_prefill_token_threshold)."
         )
-    else:
-        out.append(
-            _finding(
-                "short_starved",
-                title,
-                Answer.NO,
-                n,
-                figures,
-                thresholds,
-                f"Short prompts' TTFT P99 during long prefills is {ratio:.1f}× the rest.",
-            )
-        )
-    return out
+    return ask.judge(n, figures, yes, f"Short prompts' TTFT P99 during long prefills is {ratio:.1f}× the rest.")
+
+
+def _timed(
+    requests: Requests, long: LongPrompt
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """Lengths, TTFTs, long and short masks (successful, timed rows) and arrivals."""
+    if long.tokens is None:
+        return None
+    created = np.asarray(requests.created, dtype=np.float64)
+    lengths = np.asarray([math.nan if n is None else n for n in requests.prompt_tokens], dtype=np.float64)
+    ttft = np.asarray([math.nan if v is None else v for v in requests.ttft_seconds], dtype=np.float64)
+    ok = np.asarray(requests.ok, dtype=bool) & ~np.isnan(ttft) & ~np.isnan(lengths)
+    with np.errstate(invalid="ignore"):
+        return lengths, ttft, ok & (lengths > long.tokens), ok & (lengths <= long.tokens), created
 
 
 # ---- prefill-decode disaggregation -------------------------------------------------------
@@ -868,8 +1216,8 @@ def pd_estimate(
     kv_bytes: float | None, prefill_seconds_per_token: float | None, hol: Finding, t: Thresholds
 ) -> Finding:
     title = "Would prefill-decode disaggregation pay? (an estimate, not a measurement)"
-    bandwidth = t.link_bandwidth_bytes_per_second
-    thresholds = {"link_bandwidth_bytes_per_second": bandwidth, "pd_max_transfer_share": t.pd_max_transfer_share}
+    bandwidth = t.link_bandwidth_gbps * 1e9
+    thresholds = {"link_bandwidth_gbps": t.link_bandwidth_gbps, "pd_max_transfer_share": t.pd_max_transfer_share}
     figures: dict[str, float | None] = {
         "kv_bytes_per_token": kv_bytes,
         "prefill_seconds_per_token": prefill_seconds_per_token,
@@ -926,7 +1274,7 @@ def prefix_hits_by_bucket(requests: Requests) -> dict[str, Any]:
     cached: dict[str, int] = {}
     known = 0
     for n, c in zip(requests.prompt_tokens, requests.cached_tokens, strict=True):
-        if c is None:
+        if c is None or n is None:
             continue
         known += 1
         b = prompt_bucket(n)
@@ -950,6 +1298,9 @@ def prefix_hits_by_bucket(requests: Requests) -> dict[str, Any]:
 class Report:
     overall: Overall
     overall_reasons: list[str]
+    rule: int  # the matching row of DECISION_TABLE
+    stall: Stall
+    long_prompt: LongPrompt
     questions: list[Finding]
     head_of_line: Finding
     knobs: Knobs
@@ -961,6 +1312,12 @@ class Report:
         return {
             "overall": self.overall.value,
             "overall_reasons": self.overall_reasons,
+            "decision": {
+                "rule": self.rule,
+                "stall": self.stall.value,
+                "table": [r.to_json() for r in DECISION_TABLE],
+            },
+            "long_prompt": asdict(self.long_prompt),
             "questions": [q.to_json() for q in self.questions],
             "head_of_line": self.head_of_line.to_json(),
             "knobs": self.knobs.to_json(),
@@ -971,15 +1328,27 @@ class Report:
 
 
 def advise(inputs: Inputs, t: Thresholds) -> Report:
-    questions = [long_tail(inputs.requests, t), concurrency(inputs, t), memory(inputs, t)]
-    hol = head_of_line(inputs.gaps, t)
-    verdict, reasons = overall(questions, hol)
+    long = long_prompt(inputs, t)
+    questions = [long_tail(inputs.requests, long, t), concurrency(inputs, t), memory(inputs, t)]
+    stall, hol = stalls(inputs.gaps, inputs.decode, t)
+    verdict, reasons, rule = overall(questions, hol, stall)
+    start = knobs(inputs, t)
     tuning: list[Finding] = []
     if inputs.profile is not None and inputs.profile.prefill_mode == "chunked":
-        tuning = [chunk_too_small(inputs, t), budget_too_large(inputs, hol, t), *starvation(inputs.requests, t)]
+        tuning = [
+            chunk_too_small(inputs, t),
+            budget_too_large(inputs, stall, start, t),
+            long_starved(inputs.requests, long, t),
+            short_starved(inputs.requests, long, t),
+        ]
+        if verdict != Overall.WORTH_IT and any(f.answer == Answer.YES for f in tuning):
+            reasons.append(
+                "The tuning findings below say how to make this pool's chunking do its job should it stay "
+                "chunked; they do not make chunking needed for this traffic."
+            )
     pd = pd_estimate(inputs.engine.kv_bytes_per_token, inputs.engine.prefill_seconds_per_token, hol, t)
     return Report(
-        verdict, reasons, questions, hol, knobs(inputs, t), tuning, pd, prefix_hits_by_bucket(inputs.requests)
+        verdict, reasons, rule, stall, long, questions, hol, start, tuning, pd, prefix_hits_by_bucket(inputs.requests)
     )
 
 

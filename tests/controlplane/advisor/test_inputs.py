@@ -14,7 +14,7 @@ import time_machine
 from django.test import override_settings
 
 from controlplane.accounts.roles import Role
-from controlplane.advisor import inputs, tasks
+from controlplane.advisor import inputs, tasks, verdicts
 from controlplane.advisor.models import AdvisorReport
 from controlplane.fleet.models import Worker
 from controlplane.gateway.models import RequestLog, RoutingPool, RoutingTable
@@ -90,12 +90,13 @@ def log(
     pool,
     w: Worker,
     created: float,
-    prompt: int,
-    ttft: float,
+    prompt: int | None,
+    ttft: float | None,
     *,
-    cached: int = 0,
+    cached: int | None = 0,
     e2e: float | None = None,
-    max_gap: float = 0.05,
+    max_gap: float | None = 0.05,
+    status: int = 200,
 ) -> None:
     RequestLog.objects.create(
         request_id=f"r{RequestLog.objects.count()}",
@@ -110,8 +111,8 @@ def log(
         ttft_seconds=ttft,
         max_gap_seconds=max_gap,
         tpot_seconds=0.05,
-        e2e_seconds=e2e if e2e is not None else ttft + 1.0,
-        status=200,
+        e2e_seconds=e2e if e2e is not None else (ttft + 1.0 if ttft is not None else None),
+        status=status,
         stream=True,
     )
 
@@ -148,6 +149,50 @@ def test_inputs_from_scrapes_and_the_request_log(clock) -> None:
     assert list(got.requests.prompt_tokens) == [100] * 50 + [20_000]
     assert list(got.requests.cached_tokens) == [40] * 50 + [0]
     assert got.memory_peak_to_mean == pytest.approx(3000 / 1000)
+    assert s.unit == "scrapes"
+    # the decode side: the operator's TPOT objective is the TBT objective; no stall histogram scraped, so
+    # the stall P99 is the log's over its 51 successful requests
+    assert got.decode.tbt_objective_seconds == pytest.approx(0.1)
+    assert got.decode.num_stall_requests == 51
+    assert got.decode.stall_p99_seconds == pytest.approx(0.05)
+    # "long" by the workers' threshold for their 32,768-token context: a sixteenth
+    assert got.gaps.long_prefill_tokens == 2048
+
+
+def test_model_facts_from_the_workers_gauges_and_refused_requests_have_no_length(clock) -> None:
+    pool = make_pool("small", make_profile(prefill_mode="chunked", max_num_batched_tokens=8192, max_num_seqs=4))
+    w = worker("s1", pool)  # registered with 32,768 tokens; the engine says 4,096
+    for i in range(61):
+        p = page(i, saturated=False, preempt=False)
+        p.gauges["chunkpilot:max_model_len"] = 4096.0
+        p.gauges["chunkpilot:long_prefill_tokens"] = 256.0
+        store(at(5 * i), {job(w): p})
+    log(pool, w, 10, 734, 0.05)
+    log(pool, w, 11, None, None, cached=None, max_gap=None, status=429)
+    got = inputs.gather(pool, 300, at(300))
+    assert got.engine.max_model_len == 4096
+    assert got.gaps.long_prefill_tokens == 256
+    assert list(got.requests.prompt_tokens) == [734, None]  # never a 0-token prompt
+    assert list(got.requests.ok) == [True, False]
+    # the 8,192 budget on the 4,096-token model: flagged as not chunking
+    report = verdicts.advise(got, inputs.thresholds())
+    budget = next(f for f in report.tuning if f.key == "budget_too_large")
+    assert budget.answer == verdicts.Answer.YES and "Not chunking" in budget.reasons[0]
+    assert report.knobs.max_num_batched_tokens is not None and report.knobs.max_num_batched_tokens < 4096
+    # the refused request is no 0-token prompt: the median is the one successful prompt's (capped by the chunk)
+    assert report.knobs.figures["median_tokens_to_compute"] == 734
+    assert report.knobs.short_prompt_threshold == min(736, report.knobs.chunk_tokens or 0)
+
+
+def test_past_ten_minutes_the_samples_are_minute_samples_counted_as_read(clock) -> None:
+    pool = make_pool("chunky")
+    scrape_for_five_minutes([worker("w1", pool)])
+    got = inputs.gather(pool, 1200, at(300))
+    s = got.samples
+    assert s.unit == "minute samples"
+    assert 4 <= len(s.waiting) <= 6  # the minutes 0..5 that have closed rollups, as read
+    finding = verdicts.concurrency(got, inputs.thresholds())
+    assert finding.reasons[0] == f"Only {len(s.waiting)} minute samples in the window; the answer needs 20."
 
 
 def test_without_per_step_gaps_head_of_line_is_approximate_from_the_log(clock) -> None:
@@ -159,10 +204,10 @@ def test_without_per_step_gaps_head_of_line_is_approximate_from_the_log(clock) -
         log(pool, w, 99 + i * 0.1, 100, 0.05, max_gap=1.0)  # decoding 99.05 .. 100.05+: overlaps
     for i in range(40):
         log(pool, w, 150 + i, 100, 0.05, max_gap=0.05)
-    # a long prompt mostly cached is no long prefill
+    # a long prompt mostly cached is no long prefill (4,096-token threshold: 100 left to compute)
     log(pool, w, 200, 9000, 0.2, cached=8900)
-    got = inputs.approximate_gaps(inputs._request_log(at(300), 300, pool))
-    assert got.approximate
+    got = inputs.approximate_gaps(inputs._request_log(at(300), 300, pool), 2048)
+    assert got.approximate and got.long_prefill_tokens == 2048
     assert (got.num_long_prefill, got.num_other) == (10, 41)
     assert got.long_prefill_p99_seconds == pytest.approx(1.0)
     assert got.other_p99_seconds == pytest.approx(0.05)
@@ -229,6 +274,15 @@ def test_api_serves_the_kept_report_and_any_window_on_demand(clock) -> None:
 
     bad = client.get("/api/v1/advisor/reports/chunky/", {"window": "soon"})
     assert bad.status_code == 400 and "window" in bad.json()
+    # a past window: it ends where asked, ISO time or epoch seconds
+    past = client.get("/api/v1/advisor/reports/chunky/", {"window": "2m", "end": at(150).isoformat()})
+    assert past.status_code == 200 and past.json()["computed_at"] == at(150).isoformat()
+    epoch = client.get("/api/v1/advisor/reports/chunky/", {"end": str(at(150).timestamp())})
+    assert epoch.status_code == 200 and epoch.json()["kept"] is False
+    assert epoch.json()["window_seconds"] == 3600  # the kept report's window
+    for end in ("yesterday", "nan", "1e20"):
+        bad_end = client.get("/api/v1/advisor/reports/chunky/", {"end": end})
+        assert bad_end.status_code == 400 and "end" in bad_end.json(), end
     assert client.get("/api/v1/advisor/reports/nope/").status_code == 404
     assert api_client().get("/api/v1/advisor/reports/").status_code == 401
 

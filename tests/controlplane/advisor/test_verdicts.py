@@ -1,39 +1,51 @@
 """The advisor's verdicts on constructed figures, as tables: each question yes,
-no and not-enough-data, with the boundaries; the overall verdict; the knobs;
-the tuning findings; the PD estimate against a hand computation. Pure."""
+no and not-enough-data, with the boundaries; the decode-stall evidence and the
+decision table; what "long" is relative to the model and pool; the knobs from
+step time; the tuning findings; the PD estimate against a hand computation;
+the thresholds table. Pure."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from collections.abc import Sequence
+from dataclasses import fields, replace
 
 import pytest
 
 from controlplane.advisor.verdicts import (
+    DECISION_TABLE,
+    FIGURE_UNITS,
+    THRESHOLDS,
     Answer,
+    Decode,
     Engine,
     Finding,
     Gaps,
     Inputs,
     Overall,
     Profile,
+    Questions,
     Requests,
     Samples,
+    Stall,
     Thresholds,
     Throughput,
     advise,
     budget_too_large,
     chunk_too_small,
     concurrency,
-    head_of_line,
     knobs,
     kv_bytes_per_token,
+    long_prompt,
+    long_starved,
     long_tail,
     memory,
     overall,
     pd_estimate,
     prefix_hits_by_bucket,
-    starvation,
+    rule_for,
+    short_starved,
+    stalls,
 )
 from workers.engines.reference.tiny import MODEL_CONFIG as TINY_CONFIG
 
@@ -41,10 +53,16 @@ T = Thresholds(min_requests=100, min_samples=20, min_gaps=50)
 NAN = math.nan
 
 
-def requests(lengths: list[int], cached: list[int | None] | None = None) -> Requests:
+def requests(
+    lengths: Sequence[int | None], cached: list[int | None] | None = None, ok: list[bool] | None = None
+) -> Requests:
     n = len(lengths)
     return Requests(
-        lengths, cached if cached is not None else [None] * n, [float(i) for i in range(n)], [0.1] * n, [True] * n
+        lengths,
+        cached if cached is not None else [None] * n,
+        [float(i) for i in range(n)],
+        [0.1] * n,
+        ok if ok is not None else [True] * n,
     )
 
 
@@ -75,38 +93,83 @@ def samples(
 
 NO_GAPS = Gaps(None, None, 0, 0, 1024)
 ENGINE = Engine(None, None, None, None, None)
+TBT = 0.1
+OBJECTIVE = Decode(tbt_objective_seconds=TBT)
 
 
 def inputs(**changes: object) -> Inputs:
-    base = Inputs(requests([100] * 200), samples(100), None, 0.0, 1.0, NO_GAPS, ENGINE, None)
+    base = Inputs(requests([100] * 200), samples(100), None, 0.0, 1.0, NO_GAPS, ENGINE, None, decode=OBJECTIVE)
     return replace(base, **changes)  # type: ignore[arg-type]
+
+
+def model(max_model_len: int, *, spt: float | None = None) -> Engine:
+    return Engine(None, None, None, None, spt, max_model_len=max_model_len)
+
+
+# ---- what is long: relative to the model and the pool ----------------------------
+
+
+@pytest.mark.parametrize(
+    ("case", "tokens", "why"),
+    [
+        # a quarter of the context
+        (inputs(engine=model(4096)), 1024, "fills more than 25% of the 4,096-token context"),
+        (inputs(engine=model(131_072)), 32_768, "131,072-token context"),
+        # a prefill that alone takes longer than the TBT objective: 0.1 s / 200 µs = 500 tokens
+        (inputs(engine=model(131_072, spt=200e-6)), 500, "would take longer than the TBT objective"),
+        # on a chunked pool, more than 4 chunk caps of 128
+        (inputs(engine=model(4096), profile=Profile("chunked", 256, 128, 8)), 512, "more than 4 chunk caps of 128"),
+        # a monolithic pool's cap does not count
+        (inputs(engine=model(4096), profile=Profile("monolithic", 256, 128, 8)), 1024, "context"),
+        (inputs(), None, "No max_model_len"),
+    ],
+)
+def test_long_prompt_is_relative_to_the_model_and_pool(case: Inputs, tokens: int | None, why: str) -> None:
+    long = long_prompt(case, T)
+    assert long.tokens == tokens
+    assert why in long.basis
 
 
 # ---- long tail ----------------------------------------------------------------
 
+LONG_8K = long_prompt(inputs(engine=model(32_768)), T)  # 8,192 tokens
+LONG_4K_MODEL = long_prompt(inputs(engine=model(4096)), T)  # 1,024 tokens
+
 
 @pytest.mark.parametrize(
-    ("lengths", "answer", "why"),
+    ("lengths", "long", "answer", "why"),
     [
-        ([100] * 99, Answer.NOT_ENOUGH_DATA, "Only 99 requests"),
-        ([], Answer.NOT_ENOUGH_DATA, "Only 0 requests"),
-        ([100] * 200, Answer.NO, "no long tail"),
+        ([100] * 99, LONG_8K, Answer.NOT_ENOUGH_DATA, "Only 99 requests"),
+        ([], LONG_8K, Answer.NOT_ENOUGH_DATA, "Only 0 requests"),
+        ([100] * 200, LONG_8K, Answer.NO, "no long tail"),
         # 5% over 8K exactly: at the threshold is yes
-        ([100] * 95 + [9000] * 5, Answer.YES, "5.0% of prompts are over 8192"),
+        ([100] * 95 + [9000] * 5, LONG_8K, Answer.YES, "5.0% of prompts are over 8,192"),
         # 4%: the share says no; P99 lands in the long prompts: the ratio says yes
-        ([100] * 96 + [9000] * 4, Answer.YES, "the median"),
+        ([100] * 96 + [9000] * 4, LONG_8K, Answer.YES, "the median"),
         # 8192 itself is not over the threshold; P99/P50 = 8192/1024 = 8: yes by the ratio, exactly at it
-        ([1024] * 90 + [8192] * 10, Answer.YES, "8.0× the median"),
+        ([1024] * 90 + [8192] * 10, LONG_8K, Answer.YES, "8.0× the median"),
         # just under the ratio and no prompt over 8K
-        ([1024] * 90 + [8000] * 10, Answer.NO, "no long tail"),
+        ([1024] * 90 + [8000] * 10, LONG_8K, Answer.NO, "no long tail"),
+        # a 4,096-token model: no prompt can pass 8K, yet 5% over 1,024 is a long tail
+        ([400] * 95 + [3000] * 5, LONG_4K_MODEL, Answer.YES, "5.0% of prompts are over 1,024"),
+        ([400] * 96 + [1000] * 4, LONG_4K_MODEL, Answer.NO, "no long tail"),
+        # refused requests have no length: they are not 0-token prompts (and not counted)
+        ([100] * 99 + [None] * 50, LONG_8K, Answer.NOT_ENOUGH_DATA, "Only 99 requests"),
     ],
 )
-def test_long_tail(lengths: list[int], answer: Answer, why: str) -> None:
-    finding = long_tail(requests(lengths), T)
+def test_long_tail(lengths: list[int | None], long, answer: Answer, why: str) -> None:
+    finding = long_tail(requests(lengths), long, T)
     assert finding.answer == answer
     assert why in " ".join(finding.reasons)
-    assert finding.num_samples == len(lengths)
-    assert sum(finding.chart["values"]) == len(lengths)
+    known = [n for n in lengths if n is not None]
+    assert finding.num_samples == len(known)
+    assert sum(finding.chart["values"]) == len(known)
+
+
+def test_long_tail_without_anything_to_judge_length_by_is_not_enough_data() -> None:
+    finding = long_tail(requests([100] * 200), long_prompt(inputs(), T), T)
+    assert finding.answer == Answer.NOT_ENOUGH_DATA
+    assert "No max_model_len" in finding.reasons[0]
 
 
 # ---- concurrency ----------------------------------------------------------------
@@ -175,33 +238,62 @@ def test_kv_usage_at_peaks_reads_each_workers_own_peaks() -> None:
     assert finding.answer == Answer.YES
 
 
-# ---- head-of-line blocking -------------------------------------------------------------
+def test_past_ten_minutes_the_count_says_minute_samples() -> None:
+    minutes = replace(samples(10), unit="minute samples")
+    for finding in (concurrency(inputs(samples=minutes), T), memory(inputs(samples=minutes), T)):
+        assert finding.answer == Answer.NOT_ENOUGH_DATA
+        assert finding.reasons[0].startswith("Only 10 minute samples")
+        assert finding.num_samples == 10
+    assert "scrapes" in concurrency(inputs(samples=samples(10)), T).reasons[0]
+
+
+# ---- the decode-stall evidence -----------------------------------------------------------
+
+D = Decode  # (TBT objective, stall P99, requests behind it, decode step)
 
 
 @pytest.mark.parametrize(
-    ("gaps", "answer", "ratio"),
+    ("gaps", "decode", "stall", "answer", "why"),
     [
-        (Gaps(0.4, 0.1, 49, 500, 1024), Answer.NOT_ENOUGH_DATA, 4.0),
-        (Gaps(0.4, 0.1, 500, 49, 1024), Answer.NOT_ENOUGH_DATA, 4.0),
-        (Gaps(None, 0.1, 0, 500, 1024), Answer.NOT_ENOUGH_DATA, None),
-        (Gaps(0.2, 0.1, 50, 50, 1024), Answer.YES, 2.0),
-        (Gaps(0.199, 0.1, 50, 50, 1024), Answer.NO, 1.99),
-        (Gaps(0.05, 0.05, 80, 900, 1024), Answer.NO, 1.0),
+        # long prefills push the gap P99 past the 100-ms objective, with 50 gaps: yes
+        (Gaps(0.4, 0.02, 50, 500, 256), D(TBT, 0.4, 200), Stall.LONG_PREFILL, Answer.YES, "past the TBT objective"),
+        # 49 gaps are too few; nothing else breaks the objective... but the stall P99 does: unknown
+        (Gaps(0.4, 0.02, 49, 500, 256), D(TBT, 0.4, 200), Stall.UNKNOWN, Answer.NOT_ENOUGH_DATA, "too few gaps"),
+        # exactly at the objective is not past it
+        (Gaps(0.1, 0.02, 500, 500, 256), D(TBT, 0.1, 200), Stall.NONE, Answer.NO, "No stall breaks"),
+        # a 1.992× ratio with every gap inside the objective: no stall, whatever the ratio
+        (Gaps(0.0498, 0.025, 500, 500, 256), D(TBT, 0.05, 200), Stall.NONE, Answer.NO, "No stall breaks"),
+        # every gap misses the objective and long prefills are not much worse: another cause
+        (Gaps(0.3, 0.2, 500, 500, 256), D(TBT, 0.3, 200), Stall.OTHER, Answer.NO, "without long prefills too"),
+        # every gap misses it but long prefills make it 2× worse: they are the cause
+        (Gaps(0.4, 0.2, 500, 500, 256), D(TBT, 0.4, 200), Stall.LONG_PREFILL, Answer.YES, "past the TBT"),
+        # no long prefill ever ran, the other gaps miss the objective
+        (Gaps(None, 0.2, 0, 500, 256), D(TBT, 0.3, 200), Stall.OTHER, Answer.NO, "without long prefills"),
+        # no long prefill ever ran and nothing misses: no (short prompts at a low rate)
+        (Gaps(None, 0.01, 0, 500, 256), D(TBT, 0.02, 200), Stall.NONE, Answer.NO, "No stall breaks"),
+        # only the requests' largest gaps are known: enough requests, inside the objective
+        (Gaps(None, None, 0, 0, 256), D(TBT, 0.05, 100), Stall.NONE, Answer.NO, "No stall breaks"),
+        (Gaps(None, None, 0, 0, 256), D(TBT, 0.05, 99), Stall.UNKNOWN, Answer.NOT_ENOUGH_DATA, "needs 50 gaps"),
+        # stalls past the objective with no long prefill at all: not chunking's to fix
+        (Gaps(None, None, 0, 0, 256), D(TBT, 0.5, 100), Stall.OTHER, Answer.NO, "not while long prefills run"),
+        # no objective: nothing to judge against
+        (Gaps(0.4, 0.02, 500, 500, 256), D(None, 0.4, 200), Stall.UNKNOWN, Answer.NOT_ENOUGH_DATA, "No TBT"),
     ],
 )
-def test_head_of_line(gaps: Gaps, answer: Answer, ratio: float | None) -> None:
-    finding = head_of_line(gaps, T)
-    assert finding.answer == answer
-    assert finding.figures["ratio"] == (pytest.approx(ratio) if ratio is not None else None)
+def test_stalls_against_the_tbt_objective(gaps: Gaps, decode: Decode, stall: Stall, answer: Answer, why: str) -> None:
+    got, finding = stalls(gaps, decode, T)
+    assert (got, finding.answer) == (stall, answer)
+    assert why in finding.reasons[0]
+    assert finding.figures["tbt_objective_seconds"] == decode.tbt_objective_seconds
 
 
-def test_head_of_line_says_when_it_is_approximate() -> None:
-    finding = head_of_line(Gaps(0.5, 0.1, 60, 60, 1024, approximate=True), T)
+def test_stalls_say_when_they_are_approximate() -> None:
+    _, finding = stalls(Gaps(0.5, 0.01, 60, 60, 1024, approximate=True), OBJECTIVE, T)
     assert finding.approximate
     assert "approximate" in finding.reasons[0]
 
 
-# ---- the overall verdict ------------------------------------------------------------------
+# ---- the overall verdict: the decision table --------------------------------------------------
 
 
 def q(answer: Answer) -> Finding:
@@ -209,71 +301,141 @@ def q(answer: Answer) -> Finding:
 
 
 Y, N, U = Answer.YES, Answer.NO, Answer.NOT_ENOUGH_DATA
+HOL = {
+    Stall.LONG_PREFILL: stalls(Gaps(0.4, 0.02, 500, 500, 256), D(TBT, 0.4, 200), T)[1],
+    Stall.OTHER: stalls(Gaps(0.3, 0.2, 500, 500, 256), D(TBT, 0.3, 200), T)[1],
+    Stall.NONE: stalls(Gaps(0.05, 0.02, 500, 500, 256), D(TBT, 0.05, 200), T)[1],
+    Stall.UNKNOWN: stalls(NO_GAPS, OBJECTIVE, T)[1],
+}
+
+
+def test_every_case_matches_exactly_one_row_of_the_decision_table() -> None:
+    for stall in Stall:
+        for said in Questions:
+            rows = [r for r in DECISION_TABLE if stall in r.stalls and said in r.questions]
+            assert len(rows) == 1, (stall, said)
 
 
 @pytest.mark.parametrize(
-    ("answers", "verdict"),
+    ("stall", "answers", "verdict"),
     [
-        ((Y, Y, Y), Overall.WORTH_IT),
-        ((Y, Y, N), Overall.WORTH_IT),
-        ((Y, N, Y), Overall.WORTH_IT),
-        ((U, Y, Y), Overall.WORTH_IT),
-        ((Y, N, N), Overall.NOT_WORTH_IT),
-        ((N, N, N), Overall.NOT_WORTH_IT),
-        ((U, N, N), Overall.NOT_WORTH_IT),
-        ((Y, U, N), Overall.NOT_ENOUGH_DATA),  # the unknown one could make it two
-        ((U, U, N), Overall.NOT_ENOUGH_DATA),
-        ((U, U, U), Overall.NOT_ENOUGH_DATA),
+        # long prefills past the objective: worth it whatever the three questions say
+        (Stall.LONG_PREFILL, (N, N, N), Overall.WORTH_IT),
+        (Stall.LONG_PREFILL, (U, U, U), Overall.WORTH_IT),
+        (Stall.LONG_PREFILL, (Y, Y, N), Overall.WORTH_IT),
+        # no stall: two of three decide
+        (Stall.NONE, (Y, Y, Y), Overall.WORTH_IT),
+        (Stall.NONE, (Y, N, Y), Overall.WORTH_IT),
+        (Stall.NONE, (U, Y, Y), Overall.WORTH_IT),
+        (Stall.NONE, (Y, N, N), Overall.NOT_WORTH_IT),
+        (Stall.NONE, (N, N, N), Overall.NOT_WORTH_IT),
+        (Stall.NONE, (U, N, N), Overall.NOT_WORTH_IT),
+        (Stall.NONE, (Y, U, N), Overall.NOT_ENOUGH_DATA),  # the unknown one could make it two
+        (Stall.NONE, (U, U, U), Overall.NOT_ENOUGH_DATA),
+        # stalls from something else: never "not worth it"
+        (Stall.OTHER, (N, N, N), Overall.OTHER_CAUSE),
+        (Stall.OTHER, (Y, U, N), Overall.OTHER_CAUSE),
+        (Stall.OTHER, (Y, Y, N), Overall.WORTH_IT),
+        # no stall evidence: "not worth it" is never said without it
+        (Stall.UNKNOWN, (N, N, N), Overall.NOT_ENOUGH_DATA),
+        (Stall.UNKNOWN, (Y, Y, N), Overall.WORTH_IT),
     ],
 )
-def test_overall_is_two_of_three(answers: tuple[Answer, Answer, Answer], verdict: Overall) -> None:
-    result, reasons = overall([q(a) for a in answers], q(N))
-    assert result == verdict
-    assert reasons
-    if verdict == Overall.WORTH_IT:
-        assert reasons[: answers.count(Y)] == ["because yes"] * answers.count(Y)
+def test_overall_comes_from_the_decision_table(stall: Stall, answers: tuple[Answer, ...], verdict: Overall) -> None:
+    result, reasons, rule = overall([q(a) for a in answers], HOL[stall], stall)
+    assert result == verdict == DECISION_TABLE[rule].overall
+    assert reasons[0] == DECISION_TABLE[rule].why
+    # the headline never contradicts a finding without saying why: each one that disagrees is named
+    for a in answers:
+        if (a == Y) != (verdict == Overall.WORTH_IT) and a != U:
+            assert f"because {a.value}" in " ".join(reasons)
+    hol = HOL[stall]
+    if hol.answer != U and (hol.answer == Y) != (verdict == Overall.WORTH_IT):
+        assert hol.reasons[0] in " ".join(reasons)
 
 
-# ---- starting knobs ------------------------------------------------------------------------
+def test_the_issues_case_stalls_49x_yet_three_noes_is_worth_it() -> None:
+    # the decode gap P99 during long prefills 6.3 s against a 100-ms objective; the questions all say no
+    case = inputs(gaps=Gaps(6.3, 0.02, 400, 5000, 256), decode=D(TBT, 6.3, 820))
+    report = advise(case, T)
+    assert report.overall == Overall.WORTH_IT
+    assert report.head_of_line.answer == Answer.YES
+    assert rule_for(Stall.LONG_PREFILL, Questions.NO) == report.rule
 
 
-def test_knobs_from_memory_left_after_weights() -> None:
-    gib = 2**30
-    engine = Engine(
-        device_memory_bytes=80 * gib,
-        weight_bytes=16 * gib,
-        activation_bytes_per_token=4 * 2**20,
-        kv_bytes_per_token=None,
-        prefill_seconds_per_token=None,
+# ---- starting knobs: Sarathi-Serve's rule ------------------------------------------------------
+
+GIB = 2**30
+
+
+def test_knobs_from_step_time_fit_the_tbt_objective() -> None:
+    # (100 ms − 10 ms decode step) / 100 µs per prefill token = 900 tokens → 896 (block 16)
+    engine = Engine(None, None, None, None, 100e-6, max_model_len=4096)
+    running = replace(samples(100), running=[float(i % 10) for i in range(100)])  # P90 = 8.1 → 9 decodes
+    case = inputs(
+        engine=engine, samples=running, decode=D(TBT, None, 0, 0.010), profile=Profile("chunked", 8192, 8192, 32)
     )
+    k = knobs(case, T)
+    assert k.max_num_batched_tokens == 896
+    assert k.chunk_tokens == 896 - 9
+    assert "fits the TBT objective" in k.reasons[0]
+    # the step a full budget implies fits the objective
+    assert 100e-6 * k.max_num_batched_tokens + 0.010 <= TBT
+
+
+def test_knobs_bounded_by_memory_then_strictly_below_the_context() -> None:
+    # the step allows 8,992 tokens; memory (0.33 × 64 GiB / 4 MiB = 5,406 → 5,392) is tighter; the context tighter still
+    engine = Engine(80 * GIB, 16 * GIB, 4 * 2**20, None, 10e-6, max_model_len=4096)
+    case = inputs(engine=engine, samples=samples(100, running=8), decode=D(TBT, None, 0, 0.010))
+    k = knobs(case, T)
+    assert k.chunk_tokens_high == 5392
+    assert k.max_num_batched_tokens == 4096 - 16  # strictly below max_model_len: the longest prompt splits
+    assert k.chunk_tokens == 4080 - 8
+    assert any("strictly below the 4,096-token context" in r for r in k.reasons)
+    # without the context bound, memory caps the chunk
+    wide = knobs(replace(case, engine=replace(engine, max_model_len=131_072)), T)
+    assert wide.chunk_tokens == 5392 and wide.max_num_batched_tokens == 5392 + 8
+
+
+def test_knobs_from_memory_alone_when_step_times_are_unknown() -> None:
+    engine = Engine(80 * GIB, 16 * GIB, 4 * 2**20, None, None, max_model_len=32_768)
     profile = Profile("monolithic", 8192, 8192, max_num_seqs=64, block_size=16)
     lengths = [100] * 50 + [300] * 50 + [20_000] * 10
-    k = knobs(inputs(engine=engine, profile=profile, requests=requests(lengths, [0] * 110)), T)
-    # (80 − 16) GiB × ¼ / 4 MiB = 4096 tokens; × ⅓ = 5461 → 5456 (a multiple of the block size)
-    assert (k.chunk_tokens, k.chunk_tokens_high) == (4096, 5456)
-    assert k.max_num_batched_tokens == 4096 + 64
-    # median of 110 lengths is 300 (rounded up to the block size: 304)
-    assert k.short_prompt_threshold == 304
-    assert k.profile_fields() == {
-        "prefill_mode": "chunked",
-        "max_num_batched_tokens": 4160,
-        "long_prefill_token_threshold": 4096,
-        "short_prompt_threshold": 304,
-    }
+    k = knobs(
+        inputs(engine=engine, profile=profile, samples=samples(100, running=4), requests=requests(lengths, [0] * 110)),
+        T,
+    )
+    assert "No step-time rule" in k.reasons[0]
+    # (80 − 16) GiB × ¼ / 4 MiB = 4096 tokens; × 0.33 = 5406 → 5392 (a multiple of the block size)
+    assert (k.chunk_tokens, k.chunk_tokens_high) == (4096, 5392)
+    assert k.max_num_batched_tokens == 4096 + 4  # one chunk beside the P90 of running decodes
+    assert k.short_prompt_threshold == 304  # median 300, rounded up to the block size
+
+
+def test_a_decode_step_over_the_objective_leaves_no_budget() -> None:
+    case = inputs(engine=Engine(None, None, None, None, 100e-6, max_model_len=4096), decode=D(TBT, None, 0, 0.2))
+    k = knobs(case, T)
+    assert k.max_num_batched_tokens is None and "no budget fits" in k.reasons[0]
+
+
+def test_short_prompt_threshold_from_successful_requests_only() -> None:
+    # 60 successful prompts of 734 tokens; 40 refused (429) with no length: they are not 0-token prompts
+    lengths: list[int | None] = [734] * 60 + [None] * 40
+    ok = [True] * 60 + [False] * 40
+    k = knobs(inputs(requests=requests(lengths, [0] * 60 + [None] * 40, ok)), T)
+    assert k.figures["median_tokens_to_compute"] == 734
+    assert k.short_prompt_threshold == 736
+    # failed requests with a length do not count either
+    k = knobs(inputs(requests=requests([734] * 60 + [10] * 40, None, ok)), T)
+    assert k.short_prompt_threshold == 736
 
 
 def test_short_prompt_threshold_counts_tokens_left_after_the_prefix_hit() -> None:
     # long prompts whose cached prefixes leave 96 tokens each: they are short prefills
     k = knobs(inputs(requests=requests([100_000] * 10, [99_904] * 10)), T)
     assert k.short_prompt_threshold == 96
-    assert k.chunk_tokens is None  # no memory facts from the workers
-    assert "do not report" in k.reasons[0]
-
-
-def test_knobs_chunk_never_exceeds_the_model_length() -> None:
-    engine = Engine(2**40, 0, 1000.0, None, None, max_model_len=32768)
-    k = knobs(inputs(engine=engine, profile=Profile("chunked", 512, 512, 8)), T)
-    assert k.chunk_tokens == k.chunk_tokens_high == 32768
+    assert k.chunk_tokens is None  # no step times and no memory facts from the workers
+    assert "do not report" in k.reasons[1]
 
 
 # ---- tuning findings on a chunked pool -------------------------------------------------------
@@ -300,23 +462,47 @@ def test_chunk_too_small(mine: Throughput, base: Throughput | None, answer: Answ
         assert (finding.knob, finding.direction) == ("long_prefill_token_threshold", "raise")
 
 
+MONO_BASE = pool(100, 1.0, mode="monolithic", name="mono")
+STEP = D(TBT, None, 0, 0.010)  # a 10-ms decode step
+
+
 @pytest.mark.parametrize(
-    ("mine", "base", "gaps", "answer"),
+    ("profile", "engine", "decode", "stall", "answer", "why"),
     [
-        # against a monolithic baseline: 2× better is enough, 1.9× is not
-        (pool(100, 0.5), pool(100, 1.0, mode="monolithic", name="mono"), NO_GAPS, Answer.NO),
-        (pool(100, 0.53), pool(100, 1.0, mode="monolithic", name="mono"), NO_GAPS, Answer.YES),
-        # no monolithic baseline: the pool's own long prefills still stall its decodes
-        (pool(100, 0.5), None, Gaps(0.4, 0.1, 60, 60, 1024), Answer.YES),
-        (pool(100, 0.5), pool(100, 1.0, mode="chunked"), Gaps(0.12, 0.1, 60, 60, 1024), Answer.NO),
-        (pool(100, 0.5), None, NO_GAPS, Answer.NOT_ENOUGH_DATA),
+        # an 8,192 budget on a 4,096-token model never splits anything: not chunking
+        (Profile("chunked", 8192, 8192, 16), model(4096), OBJECTIVE, Stall.UNKNOWN, Answer.YES, "Not chunking"),
+        (Profile("chunked", 4096, 4096, 16), model(4096), OBJECTIVE, Stall.NONE, Answer.YES, "ever split"),
+        # the 512/256 profile: 100 µs × 512 + 10 ms = 61 ms fits 100 ms, whatever the HOL ratio (1.992×)
+        (Profile("chunked", 512, 256, 16), model(4096, spt=100e-6), STEP, Stall.NONE, Answer.NO, "the budget fits"),
+        # 2,048 tokens: 100 µs × 2048 + 10 ms = 215 ms, past the objective
+        (
+            Profile("chunked", 2048, 2048, 16),
+            model(4096, spt=100e-6),
+            STEP,
+            Stall.NONE,
+            Answer.YES,
+            "stalls the decodes",
+        ),
+        # exactly at the objective: 100 µs × 900 + 10 ms = 100 ms fits
+        (Profile("chunked", 900, 900, 16), model(4096, spt=100e-6), STEP, Stall.NONE, Answer.NO, "the budget fits"),
+        # no step times: the stall evidence decides
+        (Profile("chunked", 2048, 2048, 16), model(4096), OBJECTIVE, Stall.LONG_PREFILL, Answer.YES, "still push"),
+        (Profile("chunked", 2048, 2048, 16), model(4096), OBJECTIVE, Stall.NONE, Answer.NO, "do not push"),
+        (Profile("chunked", 2048, 2048, 16), model(4096), OBJECTIVE, Stall.UNKNOWN, Answer.NOT_ENOUGH_DATA, "too few"),
     ],
 )
-def test_budget_too_large(mine: Throughput, base: Throughput | None, gaps: Gaps, answer: Answer) -> None:
-    finding = budget_too_large(inputs(pool=mine, baseline=base), head_of_line(gaps, T), T)
+def test_budget_too_large(
+    profile: Profile, engine: Engine, decode: Decode, stall: Stall, answer: Answer, why: str
+) -> None:
+    case = inputs(profile=profile, engine=engine, decode=decode)
+    finding = budget_too_large(case, stall, knobs(case, T), T)
     assert finding.answer == answer
+    assert why in finding.reasons[0]
     if answer == Answer.YES:
         assert (finding.knob, finding.direction) == ("max_num_batched_tokens", "lower")
+    # judged on the pool alone: a monolithic pool beside it in the routing table changes nothing
+    beside = replace(case, pool=pool(100, 0.5), baseline=MONO_BASE)
+    assert budget_too_large(beside, stall, knobs(beside, T), T).answer == answer
 
 
 def log(rows: list[tuple[float, int, float]]) -> Requests:
@@ -329,26 +515,33 @@ def log(rows: list[tuple[float, int, float]]) -> Requests:
 def test_starvation_of_long_prompts_names_min_prefill_tokens() -> None:
     # short ones: 100 tokens in 0.01 s (1e-4 s/token); long ones 10K tokens in 4 s (4e-4 s/token): 4×
     rows = [(float(i), 100, 0.01) for i in range(100)] + [(100.0 + i * 10, 10_000, 4.0) for i in range(5)]
-    long_starved, _ = starvation(log(rows), T)
-    assert long_starved.answer == Answer.YES
-    assert (long_starved.knob, long_starved.direction) == ("min_prefill_tokens_per_step", "raise")
+    finding = long_starved(log(rows), LONG_8K, T)
+    assert finding.answer == Answer.YES
+    assert (finding.knob, finding.direction) == ("min_prefill_tokens_per_step", "raise")
     rows = [(float(i), 100, 0.01) for i in range(100)] + [(100.0 + i * 10, 10_000, 2.0) for i in range(5)]
-    assert starvation(log(rows), T)[0].answer == Answer.NO  # 2× < 3×
+    assert long_starved(log(rows), LONG_8K, T).answer == Answer.NO  # 2× < 3×
+
+
+def test_starvation_is_relative_to_the_model() -> None:
+    # a 4,096-token model: 3,000-token prompts are long there (over 1,024), never over an absolute 8K
+    rows = [(float(i), 100, 0.01) for i in range(100)] + [(100.0 + i * 10, 3000, 1.2) for i in range(5)]
+    assert long_starved(log(rows), LONG_4K_MODEL, T).answer == Answer.YES
+    assert long_starved(log(rows), LONG_8K, T).answer == Answer.NOT_ENOUGH_DATA
 
 
 def test_starvation_of_short_prompts_during_long_prefills() -> None:
     # a long prompt arrives at 0 and gets its first token at 10; short ones inside that wait 0.5 s, others 0.05 s
     rows = [(0.0, 20_000, 10.0)] + [(0.5 + i * 0.5, 100, 0.5) for i in range(19)]
     rows += [(20.0 + i, 100, 0.05) for i in range(100)]
-    _, short_starved = starvation(log(rows), T)
-    assert short_starved.answer == Answer.YES
-    assert (short_starved.knob, short_starved.direction) == ("long_prefill_token_threshold", "lower")
-    assert short_starved.figures["ratio"] == pytest.approx(10.0)
+    finding = short_starved(log(rows), LONG_8K, T)
+    assert finding.answer == Answer.YES
+    assert (finding.knob, finding.direction) == ("long_prefill_token_threshold", "lower")
+    assert finding.figures["ratio"] == pytest.approx(10.0)
 
 
 def test_starvation_without_long_prompts_is_not_enough_data() -> None:
-    rows = [(float(i), 100, 0.01) for i in range(200)]
-    assert [f.answer for f in starvation(log(rows), T)] == [Answer.NOT_ENOUGH_DATA] * 2
+    rows = log([(float(i), 100, 0.01) for i in range(200)])
+    assert [f(rows, LONG_8K, T).answer for f in (long_starved, short_starved)] == [Answer.NOT_ENOUGH_DATA] * 2
 
 
 # ---- PD estimate -------------------------------------------------------------------------------
@@ -363,7 +556,7 @@ LLAMA_3_8B = {
     "torch_dtype": "bfloat16",
     "vocab_size": 128256,
 }
-STALLS = head_of_line(Gaps(0.5, 0.1, 60, 60, 1024), T)
+STALLS = stalls(Gaps(0.5, 0.1, 60, 60, 1024), Decode(0.1), T)[1]
 
 
 def test_kv_bytes_per_token_by_hand() -> None:
@@ -390,14 +583,14 @@ def test_pd_estimate_for_the_tiny_model_by_hand() -> None:
     finding = pd_estimate(kv_bytes_per_token({**TINY_CONFIG, "torch_dtype": "float32"}), 100e-6, STALLS, T)
     assert finding.figures["transfer_share"] == pytest.approx(81.92e-9 / 100e-6)
     # a slower link (1 GB/s) still leaves it cheap: 2.048 µs of 100 µs
-    slow = pd_estimate(2048, 100e-6, STALLS, replace(T, link_bandwidth_bytes_per_second=1e9))
+    slow = pd_estimate(2048, 100e-6, STALLS, replace(T, link_bandwidth_gbps=1.0))
     assert slow.figures["transfer_share"] == pytest.approx(0.02048)
     # no interference to remove: the estimate says no however cheap the transfer
-    assert pd_estimate(2048, 100e-6, head_of_line(Gaps(0.1, 0.1, 60, 60, 1024), T), T).answer == Answer.NO
+    assert pd_estimate(2048, 100e-6, stalls(Gaps(0.05, 0.05, 60, 60, 1024), Decode(0.1), T)[1], T).answer == Answer.NO
     assert pd_estimate(None, 100e-6, STALLS, T).answer == Answer.NOT_ENOUGH_DATA
 
 
-# ---- prefix hits and the whole report --------------------------------------------------------
+# ---- prefix hits, the thresholds table and the whole report ----------------------------------
 
 
 def test_prefix_hits_per_length_bucket() -> None:
@@ -410,11 +603,47 @@ def test_prefix_hits_per_length_bucket() -> None:
     assert hits["num_requests_with_cached_tokens"] == 4
 
 
+def test_thresholds_are_one_table_with_a_unit_and_meaning_each() -> None:
+    assert [row.field for row in THRESHOLDS] == [f.name for f in fields(Thresholds)]
+    for row in THRESHOLDS:
+        assert row.unit and row.meaning, row.field
+        assert getattr(Thresholds(), row.field) == row.default
+
+
+def rich_inputs(profile: Profile) -> Inputs:
+    engine = Engine(80 * GIB, 16 * GIB, 4 * 2**20, 131072, 100e-6, max_model_len=4096)
+    lengths: list[int | None] = [100] * 150 + [3000] * 20 + [None] * 5
+    timed = Requests(
+        lengths, [0] * 175, [float(i) for i in range(175)], [0.05] * 150 + [2.0] * 25, [True] * 170 + [False] * 5
+    )
+    return inputs(
+        requests=timed,
+        engine=engine,
+        profile=profile,
+        gaps=Gaps(0.4, 0.02, 500, 500, 256),
+        decode=D(TBT, 0.4, 170, 0.01),
+        pool=pool(80, 0.1),
+        baseline=MONO_BASE,
+    )
+
+
+def test_every_figure_a_report_shows_has_a_unit() -> None:
+    body = advise(rich_inputs(Profile("chunked", 512, 256, 16)), T).to_json()
+    answers = [*body["questions"], body["head_of_line"], *body["tuning"], body["pd"]]
+    named = {k for a in answers for k in a["figures"]} | set(body["knobs"]["figures"])
+    assert named <= set(FIGURE_UNITS), named - set(FIGURE_UNITS)
+    assert {k for a in answers for k in a["thresholds"]} <= {row.field for row in THRESHOLDS}
+
+
 def test_report_has_tuning_only_on_chunked_pools() -> None:
     mono = advise(inputs(profile=Profile("monolithic", 8192, 8192, 8)), T)
     assert mono.tuning == []
     chunked = advise(inputs(profile=Profile("chunked", 512, 512, 8)), T)
     assert [f.key for f in chunked.tuning] == ["chunk_too_small", "budget_too_large", "long_starved", "short_starved"]
     body = chunked.to_json()
-    assert body["overall"] == "not_worth_it"
+    # 200 short requests, nothing stalls past the objective (no gaps, no stall P99): no verdict without evidence
+    assert body["overall"] == "not_enough_data"
+    assert body["decision"]["table"][body["decision"]["rule"]]["overall"] == "not_enough_data"
     assert {q["key"] for q in body["questions"]} == {"long_tail", "concurrency", "memory"}
+    quiet = advise(inputs(profile=Profile("chunked", 512, 512, 8), decode=D(TBT, 0.02, 200)), T)
+    assert quiet.overall == Overall.NOT_WORTH_IT

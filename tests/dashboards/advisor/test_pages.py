@@ -13,6 +13,7 @@ from django.urls import reverse
 from controlplane.advisor.models import AdvisorReport
 from controlplane.fleet.models import Worker
 from controlplane.gateway.models import RequestLog
+from dashboards.advisor import pages
 from dashboards.advisor.pages import experiment_link
 from tests.controlplane.factories import enroll_worker, make_pool, make_profile
 
@@ -122,3 +123,43 @@ def test_new_experiment_opens_with_the_advisors_suggested_arm(operator_client: C
     html = operator_client.get(link).content.decode()
     assert 'name="chunk_sizes" value="512"' in html and 'name="budgets" value="576"' in html
     assert 'name="short_prompt_thresholds" value="96"' in html and 'value="advisor-chunky"' in html
+
+
+@override_settings(ADVISOR_MIN_REQUESTS=20)
+def test_report_page_reads_as_words_with_each_unit_once_and_shows_its_decision_table(
+    operator_client: Client,
+) -> None:
+    pool = make_pool("chunky", make_profile(prefill_mode="chunked", max_num_batched_tokens=2048, max_num_seqs=8))
+    worker, _ = enroll_worker("w1", pool=pool)
+    short_traffic(pool, worker, 40)
+    html = operator_client.get("/advisor/chunky/").content.decode()
+    assert 'href="/advisor/" class="active">Advisor</a>' in html, "the Advisor is in the top navigation"
+    assert "dashboards/metrics.css" in html, "the window chips are styled as on the figure pages"
+    # the decision table the verdict came from, its row marked
+    assert 'id="decision-table"' in html and 'class="matched"' in html
+    assert "long prefills push the decode gap P99 past the TBT objective" in html
+    # no raw slugs where words belong
+    for slug in ("notworthit", "notenoughdata", ">not_enough_data<", ">budget_too_large<", "lower max_num_batched"):
+        assert slug not in html.replace("lower max_num_batched_tokens", ""), slug
+    # thresholds in their unit, written once: a share as a percent, a time in ms, a count with its noun
+    assert "<th>chunk too small drop</th><td>15.0%</td>" in html
+    assert "<th>min requests</th><td>20 requests</td>" in html
+    assert "<th>tbt objective seconds</th><td>100 ms</td>" in html
+
+    AdvisorReport.refresh(pool)
+    index = operator_client.get("/advisor/").content.decode()
+    assert "notworthit" not in index and "notenoughdata" not in index
+    report = AdvisorReport.objects.get(scope="chunky")
+    assert f">{pages.OVERALL_LABELS[report.overall]}</span>" in index
+    for key in report.findings:
+        assert key not in index.split('id="advisor-reports"')[1], key
+
+
+def test_values_are_formatted_by_their_declared_unit() -> None:
+    assert pages.format_value(0.15, "share") == "15.0%"
+    assert pages.format_value(2.0, "times") == "2.00×"
+    assert pages.format_value(0.1, "s") == "100 ms"
+    assert pages.format_value(100e-6, "s/token") == "100 µs per token"
+    assert pages.format_value(25.0, "GB/s") == "25 GB/s"
+    assert pages.format_value(4096, "tokens") == "4,096 tokens"
+    assert pages.format_value(None, "s") == "—"
