@@ -80,6 +80,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI's files, served from here (no CDN)
     # domain apps, one per domain (docs/architecture.md, "Apps")
     "controlplane.accounts",
     "controlplane.audit",
@@ -232,6 +233,10 @@ SPECTACULAR_SETTINGS = {
     "COMPONENT_SPLIT_REQUEST": True,
     # Row ids in paths (controlplane.accounts.inputs.IdConverter): digits a bigint holds.
     "PATH_CONVERTER_OVERRIDES": {"id": {"type": "integer", "minimum": 1, "maximum": 10**18 - 1}},
+    # /api/docs/ works offline: Swagger UI from drf-spectacular-sidecar's static files.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 # --- static files, time, logging ------------------------------------------

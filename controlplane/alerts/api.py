@@ -269,7 +269,7 @@ class AlertDetailSerializer(AlertSerializer):
 
     @extend_schema_field(DeliverySerializer(many=True))
     def get_deliveries(self, obj: Alert) -> list[dict[str, Any]]:
-        rows = Delivery.objects.filter(fingerprints__contains=[obj.fingerprint]).select_related("receiver")[:50]
+        rows = Delivery.objects.carrying(obj.fingerprint).select_related("receiver")[:50]
         return DeliverySerializer(rows, many=True).data
 
 

@@ -22,11 +22,12 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import models, transaction
+from django.db import connections, models, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -428,6 +429,18 @@ class NotificationGroup(models.Model):
         return f"{self.receiver}: {self.group_key}"
 
 
+class DeliveryQuerySet(models.QuerySet["Delivery"]):
+    def carrying(self, fingerprint: str) -> DeliveryQuerySet:
+        """The deliveries that carried the alert with ``fingerprint``. JSON
+        containment where the database has it (PostgreSQL); SQLite has no
+        ``contains`` on JSON, so there the stored JSON text must hold the
+        quoted fingerprint (a fingerprint is hex: nothing to escape, and the
+        quotes keep one from matching a longer one)."""
+        if connections[self.db].features.supports_json_field_contains:
+            return self.filter(fingerprints__contains=[fingerprint])
+        return self.filter(fingerprints__icontains=json.dumps(fingerprint))
+
+
 class Delivery(models.Model):
     PENDING = "pending"
     SENT = "sent"
@@ -450,6 +463,8 @@ class Delivery(models.Model):
     attempts = models.JSONField(default=list, blank=True, help_text="[{at, error}] of every attempt")
     created_at = models.DateTimeField()
     sent_at = models.DateTimeField(null=True, blank=True)
+
+    objects = DeliveryQuerySet.as_manager()
 
     class Meta:
         ordering = ["-created_at", "-id"]

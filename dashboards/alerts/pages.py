@@ -104,7 +104,7 @@ def silence_url(alert: Alert) -> str:
 
 def alert_context(alert: Alert) -> dict[str, Any]:
     silences = [s for s in Silence.objects.filter(ends_at__gt=timezone.now()) if s.matches(alert.labels)]
-    deliveries = Delivery.objects.filter(fingerprints__contains=[alert.fingerprint]).select_related("receiver")[:50]
+    deliveries = Delivery.objects.carrying(alert.fingerprint).select_related("receiver")[:50]
     return {
         "alert": alert,
         "annotations": alert.live_annotations(),

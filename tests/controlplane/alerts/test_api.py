@@ -140,3 +140,21 @@ def test_the_openapi_document_describes_the_alerting_api(viewer_api: APIClient) 
         "/api/v1/alert-routes/",
     ):
         assert path in paths, path
+
+
+@pytest.mark.django_db
+def test_an_alerts_deliveries_are_those_that_carried_its_exact_fingerprint() -> None:
+    """``Delivery.objects.carrying``: JSON containment here (PostgreSQL); the
+    embedded default's SQLite path is walked in tests/dashboards/test_sqlite_walk.py."""
+    now = timezone.now()
+    receiver = Receiver.objects.create(name="ops", kind="webhook", url="http://127.0.0.1:9/hook")
+
+    def delivery(*fingerprints: str) -> Delivery:
+        return Delivery.objects.create(
+            receiver=receiver, payload={}, fingerprints=list(fingerprints), next_attempt_at=now, created_at=now
+        )
+
+    both, longer, other = delivery("0a1b", "ffff"), delivery("0a1b2c"), delivery("ffff")
+    assert set(Delivery.objects.carrying("0a1b")) == {both}
+    assert set(Delivery.objects.carrying("ffff")) == {both, other}
+    assert set(Delivery.objects.carrying("0a1b2c")) == {longer}
