@@ -82,51 +82,86 @@ def ensure_running(data_dir: Path) -> Path:
     return path
 
 
+def _server_pid(data_dir: Path) -> int | None:
+    """The pid of this data dir's redis-server while that process lives."""
+    running = pid(data_dir)
+    if running is None or not _alive(running):
+        return None
+    try:
+        cmdline = Path(f"/proc/{running}/cmdline").read_bytes()
+    except OSError:
+        return running  # no /proc: trust the pid file
+    return running if b"redis-server" in cmdline else None  # a reused pid is not ours
+
+
+def _wait_for_live_server(data_dir: Path, running: int) -> bool:
+    """A server that lives but has not answered (a machine at load 35 took
+    more than the ping's 0.5 s): wait for it rather than start a second one
+    on the same socket. False if it died meanwhile; raises if it neither
+    answers nor dies in time."""
+    path = socket_path(data_dir)
+    deadline = time.monotonic() + START_TIMEOUT_SECONDS
+    while _server_pid(data_dir) == running:
+        if _answers_ping(path):
+            return True
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"embedded redis (pid {running}) runs but has not answered for {START_TIMEOUT_SECONDS:g} s; "
+                "not starting a second one on its socket"
+            )
+        time.sleep(0.2)
+    return False
+
+
 def _start_locked(data_dir: Path) -> None:
     path = socket_path(data_dir)
-    if not _answers_ping(path):
-        path.unlink(missing_ok=True)
-        subprocess.run(
-            [
-                redis_server_binary(),
-                "--port",
-                "0",
-                "--unixsocket",
-                str(path),
-                "--unixsocketperm",
-                "700",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--daemonize",
-                "yes",
-                "--pidfile",
-                str(data_dir / "redis.pid"),
-                "--logfile",
-                str(data_dir / "redis.log"),
-                "--dir",
-                str(data_dir),
-            ],
-            check=True,
-        )
-        deadline = time.monotonic() + START_TIMEOUT_SECONDS
-        while not _answers_ping(path):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"embedded redis did not start; see {data_dir / 'redis.log'}")
-            time.sleep(0.05)
-        # The reaper: this file run as a script (stdlib only, no Django), in
-        # its own session so that a signal to the starting process's group
-        # does not take it along.
-        reaper = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "reap", str(data_dir)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-            close_fds=True,
-        )
-        (data_dir / "redis.reaper.pid").write_text(str(reaper.pid))
+    if _answers_ping(path):
+        return
+    if (running := _server_pid(data_dir)) is not None and _wait_for_live_server(data_dir, running):
+        return
+    # Nothing of ours runs: start it.
+    path.unlink(missing_ok=True)
+    subprocess.run(
+        [
+            redis_server_binary(),
+            "--port",
+            "0",
+            "--unixsocket",
+            str(path),
+            "--unixsocketperm",
+            "700",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "yes",
+            "--pidfile",
+            str(data_dir / "redis.pid"),
+            "--logfile",
+            str(data_dir / "redis.log"),
+            "--dir",
+            str(data_dir),
+        ],
+        check=True,
+    )
+    deadline = time.monotonic() + START_TIMEOUT_SECONDS
+    while not _answers_ping(path):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"embedded redis did not start; see {data_dir / 'redis.log'}")
+        time.sleep(0.05)
+    # The reaper: this file run as a script (stdlib only, no Django), in
+    # its own session so that a signal to the starting process's group
+    # does not take it along.
+    reaper = subprocess.Popen(
+        [sys.executable, str(Path(__file__).resolve()), "reap", str(data_dir)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        close_fds=True,
+    )
+    (data_dir / "redis.reaper.pid").write_text(str(reaper.pid))
 
 
 _leased: set[Path] = set()  # data dirs this process holds a lease on
@@ -213,16 +248,27 @@ def lease_if_embedded() -> None:
 def stop(data_dir: Path) -> bool:
     """Shut the embedded server down; False when none was running."""
     path = socket_path(data_dir)
-    if not _answers_ping(path):
+    running = _server_pid(data_dir)
+    if _answers_ping(path):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(2)
+            conn.connect(str(path))
+            conn.sendall(b"SHUTDOWN NOSAVE\r\n")
+            try:
+                conn.recv(16)
+            except OSError:
+                pass
+    elif running is not None:
+        # Alive but not answering (busy, or stopped): end it by its pid, so
+        # "Stopped." is true.
+        with contextlib.suppress(OSError):
+            os.kill(running, signal.SIGTERM)
+            os.kill(running, signal.SIGCONT)
+    else:
         return False
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-        conn.settimeout(2)
-        conn.connect(str(path))
-        conn.sendall(b"SHUTDOWN NOSAVE\r\n")
-        try:
-            conn.recv(16)
-        except OSError:
-            pass
+    deadline = time.monotonic() + START_TIMEOUT_SECONDS
+    while running is not None and _alive(running) and time.monotonic() < deadline:
+        time.sleep(0.05)
     pid_file = data_dir / "redis.pid"
     if pid_file.exists():
         pid_file.unlink(missing_ok=True)

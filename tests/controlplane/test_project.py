@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -127,3 +129,37 @@ def test_the_embedded_server_stops_when_the_last_process_holding_it_exits(tmp_pa
             if proc.poll() is None:
                 proc.kill()
         embedded.stop(tmp_path)
+
+
+def test_a_server_that_lives_but_does_not_answer_is_waited_for_never_doubled_and_stop_ends_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under heavy load the ping timed out, the socket was unlinked and a second
+    redis-server started on it while the first ran on. A live server (here
+    frozen with SIGSTOP) is now waited for, and ``stop`` ends it by its pid."""
+    monkeypatch.setattr(embedded, "START_TIMEOUT_SECONDS", 1.0)
+    embedded.ensure_running(tmp_path)
+    first = embedded.pid(tmp_path)
+    assert first is not None
+    try:
+        os.kill(first, signal.SIGSTOP)
+        with pytest.raises(RuntimeError, match="not starting a second"):
+            embedded.ensure_running(tmp_path)
+        assert embedded.pid(tmp_path) == first and embedded.socket_path(tmp_path).exists()
+        os.kill(first, signal.SIGCONT)
+        embedded.ensure_running(tmp_path)
+        assert embedded.pid(tmp_path) == first, "the same server, found again"
+        os.kill(first, signal.SIGSTOP)
+        assert embedded.stop(tmp_path), "stopped although it did not answer"
+        wait_until(lambda: not os.path.exists(f"/proc/{first}") or _zombie(first), timeout=10)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(first, signal.SIGCONT)
+        embedded.stop(tmp_path)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+    except OSError:
+        return True
