@@ -1,8 +1,9 @@
 """bench_fidelity's reading of guidellm's report and its verdicts.
 
 No guidellm here: the fixture is a report guidellm 0.8.1 wrote in a real
-run of the benchmark (``data/guidellm_report.json``), its per-request
-records dropped (the parser reads only the summary; they made it 2 MB).
+run of the benchmark (``bench_fidelity --quick``'s first run, 4 December
+2026: ``data/guidellm_report.json``), with its per-request records and its
+text/media statistics dropped (the parser reads neither; they made it 1 MB).
 """
 
 from __future__ import annotations
