@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 
 from controlplane.accounts.roles import Role, grant_role
@@ -118,11 +119,24 @@ class DemoContext:
         return env
 
 
+ADMIN_PASSWORD_FILE = "admin_password"
+
+
 def ensure_admin(password: str | None) -> str:
-    """The admin user, with ``password`` or a generated one; returns it."""
+    """The admin user, with ``password`` (CHUNKPILOT_ADMIN_PASSWORD) or else
+    the one kept in the data directory, generated on the first start and
+    kept there (owner-only) as the secret key is: a restart does not change
+    the password an operator just wrote down. Returns it."""
     from django.contrib.auth import get_user_model
 
-    password = password or secrets.token_urlsafe(12)
+    if not password:
+        kept = Path(settings.DATA_DIR) / ADMIN_PASSWORD_FILE
+        if kept.is_file() and kept.read_text().strip():
+            password = kept.read_text().strip()
+        else:
+            password = secrets.token_urlsafe(12)
+            kept.touch(mode=0o600)
+            kept.write_text(password + "\n")
     User = get_user_model()
     user, _ = User.objects.get_or_create(username=ADMIN_USERNAME, defaults={"is_staff": True, "is_superuser": True})
     user.is_staff = user.is_superuser = True
@@ -130,6 +144,14 @@ def ensure_admin(password: str | None) -> str:
     user.save()
     grant_role(user, Role.ADMIN)
     return password
+
+
+def tiny_model_ready(model_dir: Path) -> bool:
+    """Whether ``model_dir`` already holds the shipped tiny model (the
+    demo's start then copies nothing, and says nothing about it)."""
+    from workers.engines.reference.tiny import is_built
+
+    return is_built(model_dir, seed=0)
 
 
 @transaction.atomic
@@ -242,4 +264,4 @@ def processes(ctx: DemoContext) -> list[ProcessSpec]:
     return specs
 
 
-__all__ = ["DemoContext", "ensure_admin", "seed", "processes", "worker_server_available"]
+__all__ = ["DemoContext", "ensure_admin", "seed", "processes", "tiny_model_ready", "worker_server_available"]

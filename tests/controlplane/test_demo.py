@@ -8,6 +8,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -115,3 +116,27 @@ def test_demo_runs_everything_and_ctrl_c_stops_it_cleanly(tmp_path: Path, tiny_m
     finally:
         demo.stop()
         embedded.stop(tmp_path)
+
+
+@pytest.mark.django_db
+def test_the_generated_admin_password_is_kept_across_restarts(tmp_path: Path, settings: Any) -> None:
+    from django.contrib.auth import authenticate
+
+    from controlplane import demo
+
+    settings.DATA_DIR = tmp_path
+    first = demo.ensure_admin(None)
+    kept = tmp_path / demo.ADMIN_PASSWORD_FILE
+    assert kept.read_text().strip() == first and kept.stat().st_mode & 0o077 == 0
+    assert demo.ensure_admin(None) == first, "a restart keeps the password"
+    assert authenticate(username="admin", password=first) is not None
+    assert demo.ensure_admin("chosen") == "chosen"  # CHUNKPILOT_ADMIN_PASSWORD wins, and is not stored
+    assert authenticate(username="admin", password="chosen") is not None
+    assert kept.read_text().strip() == first
+
+
+def test_a_restart_finds_the_tiny_model_already_copied(tmp_path: Path, tiny_model: Path) -> None:
+    from controlplane import demo
+
+    assert demo.tiny_model_ready(tiny_model)
+    assert not demo.tiny_model_ready(tmp_path / "tiny-model"), "nothing there yet: the demo copies it"

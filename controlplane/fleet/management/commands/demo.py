@@ -67,7 +67,7 @@ class Command(BaseCommand):
             )
         else:
             ctx.model_dir = options["model"] or data_dir / "tiny-model"
-            if not options["model"]:
+            if not options["model"] and not demo.tiny_model_ready(ctx.model_dir):
                 say(f"Copying the tiny model to {ctx.model_dir}…")
                 subprocess.run([demo.PYTHON, "-m", "workers", "make-tiny-model", str(ctx.model_dir)], check=True)
         demo.seed(ctx)
