@@ -91,6 +91,7 @@ class RequestRecord:
     error: str | None = None
     got_first_byte: bool = False  # any content reached the client
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens the worker's prefix cache served (its usage says)
     output_tokens: int = 0
     ttft_seconds: float | None = None
     latency_seconds: float | None = None
@@ -327,6 +328,9 @@ class Client:
                     if chunk.get("usage"):
                         record.prompt_tokens = chunk["usage"]["prompt_tokens"]
                         record.output_tokens = chunk["usage"]["completion_tokens"]
+                        record.cached_tokens = (chunk["usage"].get("prompt_tokens_details") or {}).get(
+                            "cached_tokens"
+                        ) or 0
                     for choice in chunk.get("choices", []):
                         text = choice.get("text")
                         if text is None:
