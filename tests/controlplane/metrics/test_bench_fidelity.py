@@ -22,6 +22,7 @@ from controlplane.metrics.management.commands.bench_fidelity import (
     ROWS,
     ClientFigures,
     compare,
+    counts_text,
     markdown_lines,
     parse_report,
     parse_runs,
@@ -167,3 +168,14 @@ def test_runs_are_parsed_and_bad_ones_named() -> None:
         parse_runs("2:256:1")
     with pytest.raises(CommandError, match="at least one"):
         parse_runs(" , ")
+
+
+def test_engine_stall_is_shown_beside_not_judged() -> None:
+    compared = compare(client_with(300), {"engine_stall_p99": 0.7}, {"client_stall_p99": 1.3})
+    (row,) = [c for c in compared if c.row.label == "engine stall P99"]
+    assert row.verdict == "engine-side, not judged"
+    assert row.ratio == pytest.approx(0.7 / 1.3)
+
+
+def test_counts_say_what_is_missing() -> None:
+    assert counts_text({"ttft_samples": 224.0, "cancelled_requests": None}) == "ttft_samples 224, cancelled_requests —"

@@ -76,6 +76,9 @@ PROFILE = {
 DEFAULT_RUNS = "2:256:64,4:256:64,2:1024:64"
 QUICK_RUNS = "3:128:32,1.5:1024:64"  # the first has >= 200 requests, so its P99 is judged
 QUICK_SECONDS = 75.0
+# What each side's percentiles rest on (figures the registry may not have: shown as —).
+DASHBOARD_COUNTS = ("ttft_samples", "tpot_samples", "itl_samples", "stall_samples")
+LOG_COUNTS = ("request_count", "cancelled_requests")
 # issue 29's goals: dashboard against client
 P50_BOUND, P99_BOUND, RATE_BOUND = 0.10, 0.15, 0.03
 MIN_P99_REQUESTS = 200
@@ -90,6 +93,7 @@ class Row:
     client: str | None  # key of ClientFigures.values; None: guidellm measures no such thing
     dashboard: str  # a scraped figure of the registry
     log: str | None  # an exact figure of the registry, from the gateway's request log
+    judged: bool = True  # False: shown beside, not a figure the goals are about
 
 
 ROWS: tuple[Row, ...] = (
@@ -101,6 +105,8 @@ ROWS: tuple[Row, ...] = (
     Row("ITL P99", "p99", None, "itl_p99", None),
     Row("stall P50", "p50", None, "stall_p50", "client_stall_p50"),
     Row("stall P99", "p99", None, "stall_p99", "client_stall_p99"),
+    # The engine's own production gaps (delivery delay left out), where the registry has them.
+    Row("engine stall P99", "p99", None, "engine_stall_p99", "client_stall_p99", judged=False),
     Row("requests/s", "rate", "requests_per_second", "requests_per_second", "client_requests_per_second"),
 )
 
@@ -224,7 +230,9 @@ def compare(client: ClientFigures, dashboard: dict[str, float | None], log: dict
         lg = log.get(row.log) if row.log else None
         reference: Literal["client", "log", ""] = "client" if c is not None else ("log" if lg is not None else "")
         r = ratio(d, c if reference == "client" else lg)
-        if not reference:
+        if not row.judged:
+            verdict = "engine-side, not judged"
+        elif not reference:
             verdict = "no reference"
         elif r is None:
             verdict = "no data"
@@ -234,6 +242,11 @@ def compare(client: ClientFigures, dashboard: dict[str, float | None], log: dict
             verdict = "met" if abs(r - 1) <= bound_of(row.kind) else "NOT met"
         out.append(Compared(row, c, d, lg, reference, r, ratio(lg, c), verdict))
     return out
+
+
+def counts_text(counts: dict[str, float | None]) -> str:
+    """``ttft_samples 224, ..., request_count 224`` (— for a figure without data or not in the registry)."""
+    return ", ".join(f"{name} {'—' if v is None or not math.isfinite(v) else f'{v:.0f}'}" for name, v in counts.items())
 
 
 def _value(row: Row, value: float | None) -> str:
@@ -333,6 +346,9 @@ class Command(BaseCommand):
                     f"({client.num_errored} errored, {client.num_incomplete} cancelled at the client's cut-off); "
                     f"report {out}"
                 )
+                counts = _query(s.pool, DASHBOARD_COUNTS, client.duration_seconds, end)
+                counts.update(_query(s.pool, LOG_COUNTS, client.duration_seconds, end))
+                title += "; samples: " + counts_text(counts)
                 self.stdout.write(title)
                 for line in table_lines(compared):
                     self.stdout.write("  " + line)
