@@ -595,9 +595,9 @@ class MetricsExporter:
             self.itl.observe(gap)
         if (tpot := figures.tpot_seconds(m)) is not None:
             self.tpot.observe(tpot)
-        if (gap := figures.max_gap_seconds(m)) is not None:
-            self.max_gap.observe(gap)
-            self.by_prompt[BY_PROMPT_MAX_GAP].labels(*self._labels, bucket).observe(gap)
+        if (stall := figures.max_gap_seconds(m)) is not None:
+            self.max_gap.observe(stall)
+            self.by_prompt[BY_PROMPT_MAX_GAP].labels(*self._labels, bucket).observe(stall)
 
     def on_request_finished(self, request_id: str, metrics: RequestMetrics, finish_reason: str) -> None:
         if (gap := figures.max_gap_seconds(metrics)) is not None:
