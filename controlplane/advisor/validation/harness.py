@@ -61,7 +61,17 @@ from workers import replay
 from workers.loadgen import Client, PlannedRequest, RequestRecord
 from workers.loadgen import replay as replay_planned
 
-WORTH_IT, NOT_WORTH_IT = "worth_it", "not_worth_it"
+TINY_MODEL = Path(__file__).resolve().parents[3] / "workers" / "engines" / "reference" / "tiny_model"
+WORTH_IT = "worth_it"
+# The verdicts that say switching will not pay: no long-prefill stall past the
+# objective ("not worth it"), or stalls with another cause than long prefills.
+NOT_WORTH_IT = ("not_worth_it", "other_cause")
+
+
+def agrees(advisor: str, pays: bool) -> bool:
+    """Whether the advisor's overall verdict says what the A/B outcome did;
+    "not enough data" (or no report) agrees with nothing."""
+    return advisor == WORTH_IT if pays else advisor in NOT_WORTH_IT
 
 
 # ---- worker sets ------------------------------------------------------------------------------
@@ -312,7 +322,7 @@ class Row:
 
     @property
     def agree(self) -> bool:
-        return (self.advisor == WORTH_IT) == self.judgement.pays and self.advisor in (WORTH_IT, NOT_WORTH_IT)
+        return agrees(self.advisor, self.judgement.pays)
 
     def to_json(self) -> dict[str, Any]:
         return {

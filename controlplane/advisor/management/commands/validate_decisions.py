@@ -34,8 +34,6 @@ from controlplane.advisor.validation import harness as h
 from controlplane.advisor.validation.outcome import Objectives
 from controlplane.advisor.validation.scenarios import select
 
-TINY_MODEL = Path(__file__).resolve().parents[4] / "workers" / "engines" / "reference" / "tiny_model"
-
 
 def table(rows: list[h.Row], objectives: Objectives) -> str:
     """The markdown table: scenario, advisor verdict, A/B outcome, agree?"""
@@ -58,7 +56,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--scenarios", nargs="*", default=[], help="scenario names (default: the whole panel)")
-        parser.add_argument("--model", type=Path, default=TINY_MODEL, help="checkpoint directory the workers serve")
+        parser.add_argument("--model", type=Path, default=h.TINY_MODEL, help="checkpoint directory the workers serve")
         parser.add_argument("--max-model-len", type=int, default=2048)
         parser.add_argument("--num-workers", type=int, default=1, help="workers per run (started here)")
         parser.add_argument("--engine", default=None, help="the workers' engine (default: reference)")
