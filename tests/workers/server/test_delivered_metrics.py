@@ -22,7 +22,7 @@ from controlplane.metrics.promql import histogram_quantile
 from tests.workers.server.support import ThreadedServer, get, metric_value, wait_until
 from workers import engines, figures
 from workers.engines import stream
-from workers.engines.api import RequestMetrics
+from workers.engines.api import CompletionOutput, RequestMetrics, RequestOutput
 from workers.profile import EngineProfile
 from workers.server.app import build_app
 from workers.server.host import EngineHost, RunningProfile
@@ -132,6 +132,25 @@ def test_a_whole_reply_takes_the_engines_token_times() -> None:
     assert metric_value(text, "chunkpilot:time_to_first_token_seconds_sum") == pytest.approx(0.5)
     assert metric_value(text, "chunkpilot:request_max_gap_seconds_sum") == pytest.approx(0.49)
     assert metric_value(text, "chunkpilot:delivery_lag_seconds_count") == 0
+
+
+def test_each_delta_merged_into_an_earlier_output_is_counted() -> None:
+    def delta(token: int, finished: bool = False) -> RequestOutput:
+        completion = CompletionOutput(0, f"t{token}", [token], None, "length" if finished else None)
+        return RequestOutput("r", "p", [1], [completion], finished)
+
+    async def main() -> list[RequestOutput]:
+        queue: asyncio.Queue[stream.StreamItem] = asyncio.Queue()
+        for item in (delta(1), delta(2), delta(3, finished=True)):  # all three waiting: the loop was behind
+            queue.put_nowait(item)
+        return [out async for out in stream.deltas(queue, on_abandoned=lambda: None)]
+
+    before = stream.merged_deltas_total()
+    outputs = asyncio.run(main())
+    assert [out.outputs[0].token_ids for out in outputs] == [[1, 2, 3]]
+    assert stream.merged_deltas_total() - before == 2
+    text = MetricsExporter(model_name="tiny", max_model_len=4096).render().decode()
+    assert metric_value(text, "chunkpilot:stream_merged_deltas_total") == stream.merged_deltas_total()
 
 
 # ---- a real worker whose event loop is made slow --------------------------------------------
