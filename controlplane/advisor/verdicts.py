@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from enum import StrEnum
 from typing import Any
 
@@ -694,12 +694,19 @@ def stalls(gaps: Gaps, decode: Decode, t: Thresholds) -> tuple[Stall, Finding]:
             f"{_seconds(tbt)}, but not while long prefills run{approx}.",
         )
     if enough_stall or enough_other:
+        seen = [
+            f"{what} {_seconds(value)}"
+            for what, value in (
+                ("each request's largest gap has P99", decode.stall_p99_seconds),
+                ("the gap P99 during long prefills is", long_p99),
+                ("otherwise", other_p99),
+            )
+            if value is not None
+        ]
         return Stall.NONE, ask.no(
             max(decode.num_stall_requests, gaps.num_other),
             figures,
-            f"No stall breaks the TBT objective of {_seconds(tbt)}: each request's largest gap has P99 "
-            f"{_seconds(decode.stall_p99_seconds)}, and the gap P99 is {_seconds(long_p99)} during long prefills, "
-            f"{_seconds(other_p99)} otherwise ({counts}){approx}.",
+            f"No stall breaks the TBT objective of {_seconds(tbt)}: {', '.join(seen)} ({counts}){approx}.",
         )
     return Stall.UNKNOWN, ask.not_enough(
         gaps.num_long_prefill + gaps.num_other,
@@ -1215,53 +1222,51 @@ PD_FORMULA = (
 def pd_estimate(
     kv_bytes: float | None, prefill_seconds_per_token: float | None, hol: Finding, t: Thresholds
 ) -> Finding:
-    title = "Would prefill-decode disaggregation pay? (an estimate, not a measurement)"
     bandwidth = t.link_bandwidth_gbps * 1e9
-    thresholds = {"link_bandwidth_gbps": t.link_bandwidth_gbps, "pd_max_transfer_share": t.pd_max_transfer_share}
     figures: dict[str, float | None] = {
         "kv_bytes_per_token": kv_bytes,
         "prefill_seconds_per_token": prefill_seconds_per_token,
     }
+    ask = Question(
+        "pd",
+        "Would prefill-decode disaggregation pay? (an estimate, not a measurement)",
+        t,
+        ("link_bandwidth_gbps", "pd_max_transfer_share"),
+        {"formula": PD_FORMULA},
+    )
     if not kv_bytes or not prefill_seconds_per_token:
-        return Finding(
-            "pd",
-            title,
-            Answer.NOT_ENOUGH_DATA,
-            0,
-            figures,
-            thresholds,
-            ["No KV bytes per token or measured prefill time per token from the workers yet."],
-            {"formula": PD_FORMULA},
+        return ask.not_enough(
+            0, figures, "No KV bytes per token or measured prefill time per token from the workers yet."
         )
     transfer = kv_bytes / bandwidth
     share = transfer / prefill_seconds_per_token
     figures.update({"transfer_seconds_per_token": transfer, "transfer_share": share})
-    formula = (
-        f"({kv_bytes:,.0f} B/token ÷ {bandwidth / 1e9:g} GB/s) ÷ {prefill_seconds_per_token * 1e6:.3g} µs/token"
+    computed = (
+        f"({kv_bytes:,.0f} B/token ÷ {t.link_bandwidth_gbps:g} GB/s) ÷ {prefill_seconds_per_token * 1e6:.3g} µs/token"
         f" = {transfer * 1e9:.3g} ns ÷ {prefill_seconds_per_token * 1e9:.3g} ns = {share:.3g}"
     )
-    cheap = share <= t.pd_max_transfer_share
-    stalls = hol.answer == Answer.YES
-    if cheap and stalls:
-        reason = (
-            f"Moving a token's KV takes {share:.1%} of the time its prefill stalls decodes (threshold "
-            f"{t.pd_max_transfer_share:.0%}), and long prefills do stall decodes here: a PD route would "
-            "likely pay (estimate)."
-        )
-        answer = Answer.YES
-    elif cheap:
-        reason = (
-            f"The transfer is cheap ({share:.1%} of the prefill time) but long prefills do not stall decodes "
-            "measurably, so there is little interference to remove (estimate)."
-        )
-        answer = Answer.NO
-    else:
-        reason = (
+    ask = replace(ask, chart={"formula": PD_FORMULA, "computed": computed})
+    if share > t.pd_max_transfer_share:
+        return ask.no(
+            1,
+            figures,
             f"Moving a token's KV takes {share:.1%} of its prefill time (threshold {t.pd_max_transfer_share:.0%}):"
-            " the transfer costs about as much as the interference it removes (estimate)."
+            " the transfer costs about as much as the interference it removes (estimate).",
         )
-        answer = Answer.NO
-    return Finding("pd", title, answer, 1, figures, thresholds, [reason], {"formula": PD_FORMULA, "computed": formula})
+    if hol.answer != Answer.YES:
+        return ask.no(
+            1,
+            figures,
+            f"The transfer is cheap ({share:.1%} of the prefill time) but long prefills do not stall decodes "
+            "past the TBT objective, so there is little interference to remove (estimate).",
+        )
+    return ask.yes(
+        1,
+        figures,
+        f"Moving a token's KV takes {share:.1%} of the time its prefill stalls decodes (threshold "
+        f"{t.pd_max_transfer_share:.0%}), and long prefills do stall decodes here: a PD route would "
+        "likely pay (estimate).",
+    )
 
 
 # ---- prefix hits per length bucket ----------------------------------------------------------
