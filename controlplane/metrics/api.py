@@ -100,7 +100,8 @@ class FiguresView(APIView):
         return Response(
             {
                 "figures": [
-                    {**f.describe(), "group_by": list(figures.group_by_choices(f))} for f in figures.FIGURES.values()
+                    {**f.describe(), **f.percentile_info(), "group_by": list(figures.group_by_choices(f))}
+                    for f in figures.FIGURES.values()
                 ],
                 "panel": list(figures.PANEL_FIGURES),
                 "percentile_rules": figures.PERCENTILE_RULES,
@@ -142,7 +143,7 @@ class QueryView(APIView):
 
 def _percentile_fields(f: figures.Figure) -> dict[str, Any]:
     """What a percentile's answer says about itself: which, by which rule, and what counts its samples."""
-    return {"quantile": f.quantile, "percentile_rule": f.percentile_rule, "samples_figure": f.samples}
+    return f.percentile_info()
 
 
 class QueryRangeView(APIView):

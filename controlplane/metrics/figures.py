@@ -217,7 +217,15 @@ class Figure:
             return ""
         return PERCENTILE_RULES[self.source]
 
-    def describe(self) -> dict[str, str | float | None]:
+    def percentile_info(self) -> dict[str, str | float | None]:
+        """What a percentile says about itself (the API's figures, query and query_range answers)."""
+        return {
+            "quantile": self.quantile,
+            "percentile_rule": self.percentile_rule,
+            "samples_figure": self.samples or None,
+        }
+
+    def describe(self) -> dict[str, str]:
         return {
             "name": self.name,
             "label": self.label,
@@ -227,9 +235,6 @@ class Figure:
             "description": self.description,
             "promql": self.promql,
             "display": self.display_kind,
-            "quantile": self.quantile,
-            "percentile_rule": self.percentile_rule,
-            "samples_figure": self.samples or None,
         }
 
 
@@ -249,6 +254,19 @@ def few_samples(q: float | None, samples: float | None) -> bool:
     if q is None or samples is None or not math.isfinite(samples):
         return False
     return samples < round(1 / (1 - q)) if q < 1 else True
+
+
+def samples_note(f: Figure, samples: float | None) -> str:
+    """What a percentile rests on, as the pages say it: "n = 240", or for a
+    fragile one "n = 90: rests on the 1 slowest request"."""
+    if f.quantile is None or samples is None or not math.isfinite(samples):
+        return ""
+    text = f"n = {samples:,.0f}"
+    if few_samples(f.quantile, samples):
+        k = slowest_behind(f.quantile, samples)
+        noun = SAMPLE_NOUNS.get(f.samples, "samples")
+        text += f": rests on the {k} slowest {noun.removesuffix('s') if k == 1 else noun}"
+    return text
 
 
 def slowest_behind(q: float, samples: float) -> int:
@@ -287,23 +305,40 @@ def _sum_keys(group: Group, keys: Sequence[str]) -> Floats:
 
 def _quantile(q: float, histogram: str) -> ScrapeFn:
     def compute(group: Group) -> Floats:
-        bounds = sorted({b for layout, _, _ in group.sums() for b, _ in layout.buckets(histogram)})
-        if not bounds:
-            return np.full(group.num_points, np.nan)
-        per_bound = np.vstack([group.sum_key(catalogue.bucket_key(histogram, b)) for b in bounds])
-        out = promql.histogram_quantiles(q, bounds, per_bound)
-        # Points where only some bounds have data (series with different
-        # bucket layouts): Prometheus sums the bounds it has; do it one by one.
-        missing = np.isnan(per_bound)
-        partial = missing.any(axis=0) & ~missing.all(axis=0)
-        bound_array = np.asarray(bounds)
-        for j in np.flatnonzero(partial):
-            present = ~missing[:, j]
-            value = promql.histogram_quantile(q, zip(bound_array[present], per_bound[present, j], strict=True))
-            out[j] = np.nan if value is None else value
-        return out
+        return promql.histogram_quantiles(q, *_merged_buckets(group, histogram))
 
     return compute
+
+
+def _merged_buckets(group: Group, histogram: str) -> tuple[list[float], Floats]:
+    """The group's cumulative bucket counts of one histogram, summed over its
+    targets at the union of their bucket bounds: ``sum by (le)``.
+
+    Targets whose workers export different bounds (an older worker beside a
+    newer one, or one worker's snapshots from before its buckets changed)
+    are merged by reading each one's cumulative count at a bound it lacks
+    from its own highest bound below it, a true lower count. Prometheus
+    sums only the series that have a bound, so where layouts differ its
+    cumulative counts fall at the other layout's bounds and a quantile can
+    land in +Inf (a P99 of 2,966 s over stalls of at most 1.5 s); where all
+    targets share their bounds the two are the same sum. NaN at points
+    where no target had data."""
+    layouts = [(layout, sums, has) for layout, sums, has in group.sums() if layout.buckets(histogram)]
+    bounds = sorted({b for layout, _, _ in layouts for b, _ in layout.buckets(histogram)})
+    per_bound = np.zeros((len(bounds), group.num_points))
+    seen = np.zeros(group.num_points, dtype=bool)
+    bound_array = np.asarray(bounds, dtype=np.float64)
+    for layout, sums, has in layouts:
+        own = layout.buckets(histogram)
+        own_bounds = np.array([b for b, _ in own], dtype=np.float64)
+        own_index = np.array([i for _, i in own], dtype=np.intp)
+        below = np.searchsorted(own_bounds, bound_array, side="right") - 1
+        valid = below >= 0
+        counts = np.where(has[:, own_index], sums[:, own_index], 0.0)  # [num_points, own buckets]
+        per_bound[valid] += counts[:, below[valid]].T
+        seen |= has[:, own_index[-1]]
+    per_bound[:, ~seen] = np.nan
+    return bounds, per_bound
 
 
 def _ratio_of(numerator: ScrapeFn, denominator: ScrapeFn) -> ScrapeFn:
@@ -1042,6 +1077,11 @@ for _stem, (_histogram, _what) in SAMPLED_HISTOGRAMS.items():
         _keys(f"{_histogram}_count"),
         f"sum by (G) (increase({_histogram}_count[{W}]))",
     )
+# What each samples figure counts, in words (the pages' "rests on the 3 slowest requests").
+SAMPLE_NOUNS: dict[str, str] = {
+    **{f"{stem}_samples": what for stem, (_, what) in SAMPLED_HISTOGRAMS.items()},
+    **{f"client_{stem}_samples": "requests" for stem in SAMPLED_COLUMNS},
+}
 for _stem, _column in SAMPLED_COLUMNS.items():
     FIGURES[f"client_{_stem}_samples"] = _requests(
         f"client_{_stem}_samples",

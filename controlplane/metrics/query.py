@@ -587,13 +587,13 @@ def _raw_dense_windows(
         return []
     by_id = {t.pk: t for t in targets}
     meta: dict[int, list[tuple[int, float, int, float | None]]] = defaultdict(list)
-    for target_id, pk, t, seq, peak in (
+    for target_id, pk, seconds, seq, peak in (
         Snapshot.objects.filter(target_id__in=list(by_id), ts__gt=_dt(start), ts__lte=_dt(end))
         .annotate(t=Epoch("ts"))
         .order_by("target_id", "ts")
         .values_list("target_id", "pk", "t", "seq", "peak_memory_bytes")
     ):
-        meta[target_id].append((pk, t, seq, peak))
+        meta[target_id].append((pk, seconds, seq, peak))
     plans: dict[int, tuple[Floats, np.ndarray, np.ndarray, np.ndarray, np.ndarray, Floats]] = {}
     wanted: set[int] = set()
     for target_id, rows in meta.items():

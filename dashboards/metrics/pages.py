@@ -134,22 +134,40 @@ class View:
         ]
 
 
+def samples_of(names: tuple[str, ...]) -> tuple[str, ...]:
+    """The figures that count what these percentiles rest on, each once."""
+    return tuple(dict.fromkeys(f.samples for f in map(figures.get, names) if f.samples))
+
+
+def _cell(f: Figure, value: float | None, samples: float | None) -> dict[str, Any]:
+    """A figure's value as a table shows it, with the samples a percentile rests on."""
+    return {
+        "figure": f,
+        "value": value,
+        "text": f.format(value),
+        "samples": samples,
+        "few_samples": figures.few_samples(f.quantile, samples) if value is not None else False,
+        "samples_text": figures.samples_note(f, samples) if value is not None else "",
+    }
+
+
 def _figure_cells(
     names: tuple[str, ...], values: Mapping[str, Mapping[str, float | None]], group: str
 ) -> list[dict[str, Any]]:
     out = []
     for name in names:
         f = figures.get(name)
-        value = values.get(name, {}).get(group)
-        out.append({"figure": f, "value": value, "text": f.format(value)})
+        samples = values.get(f.samples, {}).get(group) if f.samples else None
+        out.append(_cell(f, values.get(name, {}).get(group), samples))
     return out
 
 
 def _freshness(now: datetime) -> dict[str, Any]:
+    rules = {"percentile_rules": figures.PERCENTILE_RULES}
     if not backends.scrapes():
-        return {"metrics_backend": "Prometheus", "now": now}  # Prometheus scrapes; no rounds here to date
+        return {"metrics_backend": "Prometheus", "now": now, **rules}  # Prometheus scrapes; no rounds here to date
     latest = ScrapeRound.latest()
-    return {"last_scrape": latest, "now": now}
+    return {"last_scrape": latest, "now": now, **rules}
 
 
 # ---- the four-figure panel --------------------------------------------------------------
@@ -196,18 +214,20 @@ def panel_context(view: View, now: datetime | None = None) -> dict[str, Any]:
             end=now,
             step_seconds=view.step_seconds,
         )
-        beside = query.query_many(BESIDE, view.window_seconds, view.group_by, view.selector, now)
+        beside = query.query_many(
+            (*BESIDE, *samples_of((*PANEL_TABLE, *BESIDE))), view.window_seconds, view.group_by, view.selector, now
+        )
     newest = {n: {g: values[-1] for g, values in results[n].series.items()} for n in PANEL_TABLE}
     current = {**newest, **beside}
     charts = [chart_payload(chart.id, chart.title, chart.figures, results) for chart in PANEL_CHARTS]
     groups = sorted(
-        {g for series in beside.values() for g in series}
+        {g for name in BESIDE for g in beside[name]}
         | {g for series in newest.values() for g, value in series.items() if value is not None}
     )
     rows = [
         {"group": g, "panel": _figure_cells(PANEL_TABLE, current, g), "beside": _figure_cells(BESIDE, current, g)}
         for g in groups
-        if view.group_by != "worker" or any(current[n].get(g) is not None for n in current)
+        if view.group_by != "worker" or any(current[n].get(g) is not None for n in (*PANEL_TABLE, *BESIDE))
     ]
     return {
         "view": view,
@@ -228,8 +248,12 @@ def overview_context(view: View, now: datetime | None = None) -> dict[str, Any]:
     states = [{"label": WorkerState(s).label, "count": counts.get(int(s), 0)} for s in WorkerState]
     statuses = list(ScrapeStatus.objects.select_related("worker").order_by("worker__name"))
     down = [s for s in statuses if not s.up]
-    scrape_values = query.query_many(OVERVIEW_FIGURES, view.window_seconds, "fleet", None, now)
-    client_values = query.query_many(OVERVIEW_CLIENT, view.window_seconds, "fleet", None, now)
+    scrape_values = query.query_many(
+        (*OVERVIEW_FIGURES, *samples_of(OVERVIEW_FIGURES)), view.window_seconds, "fleet", None, now
+    )
+    client_values = query.query_many(
+        (*OVERVIEW_CLIENT, *samples_of(OVERVIEW_CLIENT)), view.window_seconds, "fleet", None, now
+    )
     by_cohort = query.query_many(("requests_per_second",), view.window_seconds, "cohort", None, now)
     start = now - timedelta(seconds=view.range_seconds)
     throughput = query.query_range_many(
@@ -284,10 +308,12 @@ def _ratio(canary: float | None, stable: float | None) -> float | None:
 def compare_context(view: View, now: datetime | None = None) -> dict[str, Any]:
     now = now or timezone.now()
     values = {
-        **query.query_many(COMPARE_SCRAPE, view.window_seconds, "cohort", None, now),
-        **query.query_many(COMPARE_REQUESTS, view.window_seconds, "cohort", None, now),
+        **query.query_many((*COMPARE_SCRAPE, *samples_of(COMPARE_SCRAPE)), view.window_seconds, "cohort", None, now),
+        **query.query_many(
+            (*COMPARE_REQUESTS, *samples_of(COMPARE_REQUESTS)), view.window_seconds, "cohort", None, now
+        ),
     }
-    present = {g for series in values.values() for g in series}
+    present = {g for name in (*COMPARE_SCRAPE, *COMPARE_REQUESTS) for g in values.get(name, {})}
     cohorts = [c for c in COHORTS if c in present] or ["stable", "canary"]
     rows = []
     for name in (*COMPARE_SCRAPE, *COMPARE_REQUESTS):
@@ -301,7 +327,10 @@ def compare_context(view: View, now: datetime | None = None) -> dict[str, Any]:
         rows.append(
             {
                 "figure": f,
-                "cells": [{"cohort": c, "text": f.format(by.get(c))} for c in cohorts],
+                "cells": [
+                    {"cohort": c, **_cell(f, by.get(c), values.get(f.samples, {}).get(c) if f.samples else None)}
+                    for c in cohorts
+                ],
                 "ratio": "—" if ratio is None else f"{ratio:.2f}×",
                 "verdict": verdict,
             }
@@ -315,7 +344,7 @@ def compare_context(view: View, now: datetime | None = None) -> dict[str, Any]:
 def lengths_context(view: View, now: datetime | None = None) -> dict[str, Any]:
     now = now or timezone.now()
     values = query.query_many(
-        figures.LENGTH_TABLE_FIGURES,
+        (*figures.LENGTH_TABLE_FIGURES, *samples_of(figures.LENGTH_TABLE_FIGURES)),
         view.window_seconds,
         "length_bucket",
         view.selector,
