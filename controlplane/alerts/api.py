@@ -76,6 +76,7 @@ class AlertRuleSerializer(AuditedSerializer):
             "comparator",
             "threshold",
             "floor",
+            "min_requests_per_second",
             "for_seconds",
             "keep_firing_for_seconds",
             "no_data_state",

@@ -12,6 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
+# A whole-system restart (the demo's) finds every worker silent since it
+# stopped; each is back well within this.
+WORKER_MISSING_FOR_SECONDS = 60.0
+# Below this load, memory peak/mean says nothing (one request on an idle
+# engine is a peak over an empty mean).
+MEMORY_RULE_MIN_REQUESTS_PER_SECOND = 0.1
+
 DEFAULT_RULES: list[dict[str, Any]] = [
     {
         "key": "canary-ttft-regression",
@@ -73,12 +80,13 @@ DEFAULT_RULES: list[dict[str, Any]] = [
         "window_seconds": 60.0,
         "comparator": ">",
         "threshold": 0.0,
-        "for_seconds": 0.0,
+        "for_seconds": WORKER_MISSING_FOR_SECONDS,
         "no_data_state": "nodata",
         "severity": "warning",
         "summary": "Worker {{ $labels.worker }} stopped answering heartbeats",
-        "description": "The worker is unhealthy or offline: it missed heartbeats, and the gateway no longer "
-        "routes to it.",
+        "description": "The worker is unhealthy or offline: it missed heartbeats for a minute, and the gateway "
+        "no longer routes to it. (A restart of the whole system finds every worker silent since it stopped; "
+        "they are back within the minute.)",
         "dashboard_url": "/",
     },
     {
@@ -120,12 +128,14 @@ DEFAULT_RULES: list[dict[str, Any]] = [
         "window_seconds": 600.0,
         "comparator": ">",
         "threshold": 2.0,
+        "min_requests_per_second": MEMORY_RULE_MIN_REQUESTS_PER_SECOND,
         "for_seconds": 600.0,
         "no_data_state": "nodata",
         "severity": "warning",
         "summary": "Worker {{ $labels.worker }}: memory peak is {{ $value }}x its mean",
         "description": "Engine memory spikes to more than twice its time-weighted mean: whole-prompt prefills' "
-        "activations. Chunked prefill with a smaller budget flattens the peaks. No data means its "
+        "activations. Chunked prefill with a smaller budget flattens the peaks. Judged only while the worker "
+        "serves at least 0.1 requests/s: an idle engine's peak/mean is high by nature. No data means its "
         "scrapes stopped.",
     },
 ]
@@ -135,8 +145,11 @@ def install(rule_model: Any) -> int:
     """Create the shipped rules whose key no rule has. The migration calls it
     once; calling it again restores deleted ones (and nothing else)."""
     created = 0
+    # An early migration's model lacks the fields later ones add; a later
+    # migration sets those on the shipped rules.
+    known = {f.name for f in rule_model._meta.get_fields()}
     for spec in DEFAULT_RULES:
-        fields = dict(spec)
+        fields = {k: v for k, v in spec.items() if k in known or k == "key"}
         key = fields.pop("key")
         if rule_model.objects.filter(key=key).exists():
             continue

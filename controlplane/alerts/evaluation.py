@@ -110,6 +110,8 @@ def render_annotations(
 
 
 def condition_of(rule: AlertRule, sample: sources.Sample) -> bool | None:
+    if sample.idle:
+        return False  # too little load to judge: ok
     if sample.value is None:
         return None
     holds = lifecycle.compare(sample.value, rule.comparator, rule.threshold)

@@ -98,6 +98,12 @@ class AlertRule(audit.Audited, models.Model):
         help_text="with compare_to: the figure itself must also be past this (an absolute floor), else the "
         "condition does not hold",
     )
+    min_requests_per_second = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="judge only groups serving at least this many requests/s over the window; an idle one "
+        "counts as ok (an idle engine's memory peak/mean is high by nature)",
+    )
     for_seconds = models.FloatField(default=0.0, help_text="how long the condition must hold before firing")
     keep_firing_for_seconds = models.FloatField(
         default=0.0, help_text="how long it keeps firing after the condition clears"

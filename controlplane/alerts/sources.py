@@ -35,6 +35,8 @@ from controlplane.metrics.query import NO_COHORT, NO_POOL
 WORKER_MISSING = "worker_missing"
 PROFILE_DRIFT = "profile_drift_seconds"
 FLEET_GROUP_BY = ("fleet", "worker", "pool", "cohort")
+# What a rule's min_requests_per_second is compared with, per group.
+LOAD_FIGURE = "requests_per_second"
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,7 @@ class Sample:
     value: float | None
     raw: float | None = None  # the figure itself, where ``value`` is a ratio to a peer
     detail: str = ""
+    idle: bool = False  # below the rule's min_requests_per_second: not judged
 
 
 @dataclass
@@ -106,6 +109,7 @@ class RuleQuery:
     selector: dict[str, str] = field(default_factory=dict)  # pool / cohort / worker
     worker_labels: dict[str, str] = field(default_factory=dict)
     compare_to: str = ""
+    min_requests_per_second: float | None = None
 
     @classmethod
     def from_rule(cls, rule: Any) -> RuleQuery:
@@ -118,6 +122,7 @@ class RuleQuery:
             selector={k: str(selector[k]) for k in ("pool", "cohort", "worker") if selector.get(k)},
             worker_labels={str(k): str(v) for k, v in (selector.get("labels") or {}).items()},
             compare_to=rule.compare_to or "",
+            min_requests_per_second=getattr(rule, "min_requests_per_second", None),
         )
 
 
@@ -226,6 +231,8 @@ def sample_all(queries: Sequence[RuleQuery], now: datetime, fleet: Fleet | None 
         else:
             key = _key(q, q.group_by, q.selector)
         plans[key].add(q.figure)
+        if q.min_requests_per_second is not None and not q.compare_to:
+            plans[key].add(LOAD_FIGURE)  # read with the figure, from the same data
         needs[q.rule_id] = key
 
     # Then read, each stored window once (see reader).
@@ -258,17 +265,32 @@ def sample_all(queries: Sequence[RuleQuery], now: datetime, fleet: Fleet | None 
         if q.compare_to:
             out[q.rule_id] = _ratio_samples(q, values, fleet)
             continue
+        load: dict[str, float | None] = result.get(LOAD_FIGURE, {})
         samples = []
         for group, value in values.items():
             if q.worker_labels and not matches_all(
                 [Matcher(k, "=", v) for k, v in q.worker_labels.items()], worker_labels.get(group, {})
             ):
                 continue
-            samples.append(Sample(_group_labels(q.group_by, group), value))
+            samples.append(_judged(q, _group_labels(q.group_by, group), value, load.get(group)))
         if not samples and q.group_by == "fleet":
             samples = [Sample({}, None)]
         out[q.rule_id] = samples
     return out
+
+
+def load_source() -> str:
+    """Where the load figure comes from: a rule's figure must come from there too."""
+    return figures.FIGURES[LOAD_FIGURE].source
+
+
+def _judged(q: RuleQuery, labels: dict[str, str], value: float | None, load: float | None) -> Sample:
+    """The group's sample, marked idle when the rule needs more load than it
+    had. No value at all stays no data (scrapes stopped), whatever the load."""
+    least = q.min_requests_per_second
+    if least is None or value is None or (load or 0.0) >= least:
+        return Sample(labels, value)
+    return Sample(labels, value, detail=f"idle: {load or 0.0:.3g} requests/s, below {least:g}", idle=True)
 
 
 def _ratio_samples(q: RuleQuery, per_pool: Mapping[str, float | None], fleet: Fleet) -> list[Sample]:

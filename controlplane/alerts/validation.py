@@ -103,6 +103,15 @@ def rule_errors(rule: Any) -> Errors:
             _add(errors, "compare_to", f"{rule.figure} is not compared between pools.")
         if cohort == rule.compare_to:
             _add(errors, "compare_to", f"the {cohort} cohort compared with itself is always 1.")
+    if rule.min_requests_per_second is not None:
+        if not _finite(rule.min_requests_per_second) or rule.min_requests_per_second < 0:
+            _add(errors, "min_requests_per_second", "a number of requests/s, 0 or more.")
+        elif rule.compare_to or (info is not None and info.get("source") != sources.load_source()):
+            _add(
+                errors,
+                "min_requests_per_second",
+                f"applies to a figure scraped with {sources.LOAD_FIGURE}, not to a ratio to a peer or fleet state.",
+            )
     if rule.floor is not None:
         if not rule.compare_to:
             _add(errors, "floor", "a floor applies to ratio rules (compare_to); set the threshold instead.")

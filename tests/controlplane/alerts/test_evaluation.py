@@ -154,17 +154,21 @@ def test_worker_missing_and_drift_come_from_the_fleet(only_my_rules: None, clock
     AlertRule.objects.filter(key__in=["worker-missing", "profile-drift"]).update(enabled=True)
     evaluation.evaluate(at(0))
     got = {(x.name, x.labels["worker"]): x.state_label for x in Alert.objects.all()}
-    assert got == {("WorkerMissing", "w1"): "firing", ("ProfileDrift", "w2"): "firing"}
+    # Missing for a minute before it fires: a restart of the whole system
+    # finds every worker silent since it stopped, and they are back within it.
+    assert got == {("WorkerMissing", "w1"): "pending", ("ProfileDrift", "w2"): "firing"}
+    evaluation.evaluate(at(60))
+    assert Alert.objects.get(labels__alertname="WorkerMissing").state == AlertState.FIRING
     # The worker comes back: resolved at the next tick.
     Worker.objects.filter(pk=a.pk).update(state=WorkerState.READY)
-    evaluation.evaluate(at(15))
+    evaluation.evaluate(at(75))
     assert Alert.objects.get(labels__alertname="WorkerMissing").state == AlertState.RESOLVED
 
 
 def test_an_alert_whose_worker_left_the_fleet_resolves(only_my_rules: None, clock: Any) -> None:
     a = worker("w1", "gpu-a")
     Worker.objects.filter(pk=a.pk).update(state=WorkerState.OFFLINE)
-    AlertRule.objects.filter(key="worker-missing").update(enabled=True)
+    AlertRule.objects.filter(key="worker-missing").update(enabled=True, for_seconds=0)
     evaluation.evaluate(at(0))
     Worker.objects.filter(pk=a.pk).delete()
     evaluation.evaluate(at(15))
@@ -236,7 +240,7 @@ def test_two_evaluators_at_once_make_one_transition(clock: Any) -> None:
     for i in range(20):
         w = worker(f"w{i}", "gpu-a")
         Worker.objects.filter(pk=w.pk).update(state=WorkerState.OFFLINE)
-    AlertRule.objects.filter(key="worker-missing").update(enabled=True)
+    AlertRule.objects.filter(key="worker-missing").update(enabled=True, for_seconds=0)
     barrier = threading.Barrier(2)
     results: list[Any] = []
 
@@ -260,7 +264,7 @@ def test_two_evaluators_at_once_make_one_transition(clock: Any) -> None:
 def _missing_worker_firing() -> AlertRule:
     a = worker("w1", "gpu-a")
     Worker.objects.filter(pk=a.pk).update(state=WorkerState.OFFLINE)
-    AlertRule.objects.filter(key="worker-missing").update(enabled=True)
+    AlertRule.objects.filter(key="worker-missing").update(enabled=True, for_seconds=0)
     evaluation.evaluate(at(0))
     assert Alert.objects.get().state == AlertState.FIRING
     return AlertRule.objects.get(key="worker-missing")
@@ -411,21 +415,47 @@ def test_shipped_memory_peak_to_mean_high_fires_after_ten_minutes_per_worker(onl
     jobs = {spiky: job(spiky), flat: job(flat)}
     mean_bytes = 1e9
     peaks = {spiky: 3e9, flat: 1.5e9}  # 3x and 1.5x the time-weighted mean
+    scrape_memory(jobs, peaks, mean_bytes, requests_per_second={spiky: 0.5, flat: 0.5})
+    assert step([600, 900, 1200], clock) == [{"w1": "pending"}] * 2 + [{"w1": "firing"}]
+    alert = Alert.objects.get()
+    assert alert.labels == {"alertname": "MemoryPeakToMeanHigh", "severity": "warning", "worker": "w1"}
+    assert alert.value == pytest.approx(3.0, rel=0.02)
+
+
+def scrape_memory(
+    jobs: dict[Worker, Any], peaks: dict[Worker, float], mean_bytes: float, requests_per_second: dict[Worker, float]
+) -> None:
+    """20 minutes of 5-s scrapes: each worker's memory peaks over a flat mean,
+    and the requests it finished at its rate."""
     for t in range(5, 1201, 5):
         store(
             at(t),
             {
                 jobs[w]: Page(
-                    counters={"chunkpilot:memory_byte_seconds_total": mean_bytes * t},
+                    counters={
+                        "chunkpilot:memory_byte_seconds_total": mean_bytes * t,
+                        "vllm:request_success_total": requests_per_second[w] * t,
+                    },
                     gauges={"chunkpilot:memory_recent_peak_bytes": peaks[w], "chunkpilot:memory_bytes": mean_bytes},
                 )
-                for w in (spiky, flat)
+                for w in jobs
             },
         )
-    assert step([600, 900, 1200], clock) == [{"w1": "pending"}] * 2 + [{"w1": "firing"}]
-    alert = Alert.objects.get()
-    assert alert.labels == {"alertname": "MemoryPeakToMeanHigh", "severity": "warning", "worker": "w1"}
-    assert alert.value == pytest.approx(3.0, rel=0.02)
+
+
+def test_shipped_memory_peak_to_mean_high_stays_quiet_on_an_idle_worker(only_my_rules: None, clock: Any) -> None:
+    """An idle engine's peak/mean is high by nature (one request's peak over
+    an empty mean): the rule needs load before it judges."""
+    ship("memory-peak-to-mean-high")
+    idle, busy = worker("w1", "gpu-a"), worker("w2", "gpu-a")
+    scrape_memory(
+        {idle: job(idle), busy: job(busy)},
+        {idle: 3e9, busy: 3e9},
+        1e9,
+        requests_per_second={idle: 0.01, busy: 0.5},
+    )
+    assert step([600, 900, 1200], clock) == [{"w2": "pending"}] * 2 + [{"w2": "firing"}]
+    assert not Alert.objects.filter(labels__worker="w1").exists()
 
 
 def test_shipped_rules_stay_quiet_on_a_healthy_fleet(only_my_rules: None, clock: Any) -> None:
@@ -438,7 +468,11 @@ def test_shipped_rules_stay_quiet_on_a_healthy_fleet(only_my_rules: None, clock:
             at(t),
             {
                 job(w1): Page(
-                    counters={FRAG: 100 + 0.2 * t, "chunkpilot:memory_byte_seconds_total": 1e9 * t},
+                    counters={
+                        FRAG: 100 + 0.2 * t,
+                        "chunkpilot:memory_byte_seconds_total": 1e9 * t,
+                        "vllm:request_success_total": 0.5 * t,  # under load: judged, and flat
+                    },
                     gauges={"chunkpilot:memory_recent_peak_bytes": 1.3e9, "chunkpilot:memory_bytes": 1e9},
                 )
             },

@@ -112,6 +112,9 @@ def test_a_firing_abort_rule_on_the_canary_aborts_the_running_rollout_by_itself(
     assert "CanaryTTFTRegression" in requested.message and alert.fingerprint in requested.message
     events = kinds(rollout)
     assert events.index("abort_requested") < events.index("aborted")
+    # an abort the system decided pages: critical (a person's own abort is info)
+    notice = Alert.objects.get(source=Alert.SOURCE_EVENT, labels__alertname="RolloutAborted")
+    assert notice.labels["severity"] == "critical"
 
 
 def test_an_abort_rule_leaves_rollouts_of_other_canaries_alone(shipped_rules: None) -> None:

@@ -62,7 +62,7 @@ def test_a_worker_missing_alert_reaches_the_webhook_as_alertmanager_v4(
     shipped_rules: None, hook: HTTPReceiver, settings: Any
 ) -> None:
     settings.EXTERNAL_URL = "https://chunkpilot.example"
-    AlertRule.objects.filter(key="worker-missing").update(enabled=True)
+    AlertRule.objects.filter(key="worker-missing").update(enabled=True, for_seconds=0)
     pool = make_pool("gpu-a")
     worker, _ = enroll_worker("gpu-3", pool=pool)
     Worker.objects.filter(pk=worker.pk).update(state=WorkerState.OFFLINE)

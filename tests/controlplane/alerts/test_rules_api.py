@@ -162,3 +162,31 @@ def test_test_now_shows_the_current_value_per_group_without_storing(
     bad = operator_api.post("/api/v1/alert-rules/test/", {**GOOD, "figure": "nope"}, format="json")
     assert bad.status_code == 400 and "figure" in bad.json()
     assert not AlertRule.objects.filter(name="MissingPerPool").exists()
+
+
+@pytest.mark.parametrize(
+    ("fields", "why"),
+    [
+        ({"min_requests_per_second": -1}, "0 or more"),
+        ({"min_requests_per_second": 0.1}, "scraped"),  # client_stall_p99 comes from the request log
+        ({"figure": "worker_missing", "min_requests_per_second": 0.1, "group_by": "worker", "selector": {}}, "scraped"),
+    ],
+)
+def test_a_load_minimum_is_refused_where_it_cannot_be_read(
+    operator_api: APIClient, fields: dict[str, Any], why: str
+) -> None:
+    r = operator_api.post("/api/v1/alert-rules/", {**GOOD, **fields}, format="json")
+    assert r.status_code == 400 and why in " ".join(r.json()["min_requests_per_second"]), r.json()
+
+
+def test_a_load_minimum_on_a_scraped_figure_is_kept(operator_api: APIClient) -> None:
+    rule = {**GOOD, "figure": "memory_peak_to_mean", "group_by": "worker", "selector": {}, "no_data_state": "nodata"}
+    r = operator_api.post("/api/v1/alert-rules/", {**rule, "min_requests_per_second": 0.2}, format="json")
+    assert r.status_code == 201, r.json()
+    assert AlertRule.objects.get(pk=r.json()["id"]).min_requests_per_second == 0.2
+
+
+def test_the_shipped_memory_rule_needs_load_and_worker_missing_waits_a_minute(shipped_rules: None) -> None:
+    memory = AlertRule.objects.get(key="memory-peak-to-mean-high")
+    assert memory.min_requests_per_second == defaults.MEMORY_RULE_MIN_REQUESTS_PER_SECOND > 0
+    assert AlertRule.objects.get(key="worker-missing").for_seconds == defaults.WORKER_MISSING_FOR_SECONDS >= 60

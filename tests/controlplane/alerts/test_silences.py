@@ -41,7 +41,7 @@ def send_all(at: datetime) -> int:
 def test_a_silenced_alert_keeps_its_state_and_is_not_notified_until_the_silence_ends(
     shipped_rules: None, hook: HTTPReceiver, operator: Any
 ) -> None:
-    AlertRule.objects.filter(key="worker-missing").update(enabled=True)
+    AlertRule.objects.filter(key="worker-missing").update(enabled=True, for_seconds=0)
     receiver = Receiver.objects.create(name="ops", kind="webhook", url=hook.url)
     Route.objects.create(receiver=receiver, group_wait_seconds=0, group_interval_seconds=60)
     pool = make_pool("gpu-a")
