@@ -63,12 +63,12 @@ PROFILES = {
 # Each compared figure: the dashboard panel and target that draw it, and the
 # histogram it is a quantile of (None: a ratio).
 COMPARED: dict[str, tuple[str, str, str | None]] = {
-    "ttft_p99": ("TTFT P99", "A", "vllm:time_to_first_token_seconds"),
+    "ttft_p99": ("TTFT P99", "A", "chunkpilot:time_to_first_token_seconds"),
     "memory_peak_to_mean": ("Memory peak/mean", "A", None),
     "prefill_wait_mean": ("Prefill wait (mean, P99)", "A", None),
     "prefill_wait_p99": ("Prefill wait (mean, P99)", "B", "chunkpilot:prefill_chunk_wait_seconds"),
     "kv_fragmentation": ("KV fragmentation", "A", None),
-    "itl_p99": ("ITL P99", "A", "vllm:inter_token_latency_seconds"),
+    "itl_p99": ("ITL P99", "A", "chunkpilot:inter_token_latency_seconds"),
     "stall_p99": ("Stalls P99 (largest gap per request)", "A", "chunkpilot:request_max_gap_seconds"),
 }
 

@@ -102,6 +102,39 @@ def test_length_table_lists_every_bucket_even_without_requests(viewer_client: Cl
     assert "—" in html  # no data, never 0
 
 
+def test_percentiles_show_the_samples_they_rest_on_and_mark_a_p99_over_too_few(viewer_client: Client) -> None:
+    from controlplane.gateway.models import RequestLog
+
+    now = timezone.now()
+    for i in range(90):  # 90 requests of short prompts: a P99 over them is the slowest alone
+        RequestLog.objects.create(
+            request_id=f"r{i}",
+            created_at=now - timedelta(seconds=1 + i),
+            model="tiny",
+            cohort="stable",
+            prompt_tokens=100,
+            output_tokens=10,
+            ttft_seconds=0.01 * (i + 1),
+            tpot_seconds=0.01,
+            max_gap_seconds=0.02,
+            e2e_seconds=1.0,
+            status=200,
+        )
+    html = viewer_client.get("/figures/lengths/?window=5m").content.decode()
+    row = html.split(f'data-bucket="{escape("<=512")}"', 1)[1].split("</tr>", 1)[0]
+    p99 = row.split('data-figure="client_ttft_p99">', 1)[1].split("</td>", 1)[0]
+    assert p99.startswith("900 ms")  # nearest rank: the slowest of 90
+    assert "data-few-samples" in p99 and "n = 90: rests on the 1 slowest request" in p99
+    p50 = row.split('data-figure="client_ttft_p50">', 1)[1].split("</td>", 1)[0]
+    assert "n = 90" in p50 and "data-few-samples" not in p50
+    assert "nearest rank" in html and "histogram_quantile" in html  # the rule, said on the page
+    fill(now)
+    panel = viewer_client.get("/figures/panel/?group_by=cohort&window=5m").content.decode()
+    canary = panel.split('data-group="canary"', 1)[1].split("</tr>", 1)[0]
+    ttft = canary.split('data-figure="ttft_p99">', 1)[1].split("</td>", 1)[0]
+    assert 'data-samples="' in ttft and "n = " in ttft
+
+
 def test_worker_page_shows_its_scrape_status_and_its_own_charts(viewer_client: Client) -> None:
     canary, _ = fill(timezone.now())
     html = viewer_client.get(f"/figures/worker/{canary.pk}/").content.decode()

@@ -210,10 +210,12 @@ class Command(BaseCommand):
             bounds = np.array([b for b, _ in buckets])
             scale = {
                 "vllm:time_to_first_token_seconds": 0.3,
+                "chunkpilot:time_to_first_token_seconds": 0.3,
                 "chunkpilot:request_max_gap_seconds": 0.2,
                 "chunkpilot:prefill_chunk_wait_seconds": 0.02,
             }.get(histogram, 0.05) * (1.3 if slow else 1.0)
-            per_scrape = requests * (20 if histogram == "vllm:inter_token_latency_seconds" else 1)
+            token_gaps = ("vllm:inter_token_latency_seconds", "chunkpilot:inter_token_latency_seconds")
+            per_scrape = requests * (20 if histogram in token_gaps else 1)
             values = rng.lognormal(np.log(scale), 0.8, size=int(per_scrape.sum()))
             owner = np.repeat(np.arange(n), per_scrape)
             which = np.searchsorted(bounds, values)  # bucket index (le: value <= bound)
