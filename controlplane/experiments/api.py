@@ -7,11 +7,13 @@
     DELETE /api/v1/workloads/<id>/             one no experiment uses
     GET    /api/v1/experiments/                newest first
     POST   /api/v1/experiments/                {name, workload, workers: [names], arms?: [{name, fields}],
-                                                duration_seconds?, warmup_seconds?, repeats?, rate_scale?,
+                                                baseline?: arm name, baseline_revision?: revision id,
+                                                duration_seconds?, warmup_seconds?, repeats? (3), rate_scale?,
                                                 objectives?: {ttft_ms, tpot_ms, stall_ms?},
                                                 capacity_rate_scales?: [rising multiples of the rate],
                                                 capacity_seconds?}
-    GET    /api/v1/experiments/<id>/           with its arms, their results and the recommendation
+    GET    /api/v1/experiments/<id>/           with its arms, their results, each arm's conditions beside the
+                                               workload's (``conditions``) and the recommendation
     POST   /api/v1/experiments/<id>/abort/     {reason?}: the workers are restored first
     POST   /api/v1/experiments/<id>/adopt/     {arm?, profile?}: the arm (default: the recommended one) as a
                                                profile revision, for "New rollout"
@@ -36,8 +38,9 @@ from rest_framework.response import Response
 from controlplane.accounts.inputs import StrictModelSerializer, StrictSerializer
 from controlplane.audit.api import AuditedMixin
 from controlplane.experiments.models import DEFAULT_OBJECTIVES, Arm, Experiment, Workload
+from controlplane.experiments.recommend import DEFAULT_REPEATS
 from controlplane.fleet.models import Pool, Worker
-from controlplane.profiles.models import Profile
+from controlplane.profiles.models import Profile, ProfileRevision
 from workers import loadgen
 
 
@@ -71,6 +74,13 @@ class WorkloadCreateSerializer(StrictSerializer):
 class ArmSerializer(StrictModelSerializer):
     status = serializers.CharField(source="status_label", read_only=True)
     chunk_size = serializers.IntegerField(read_only=True, allow_null=True)
+    conditions = serializers.SerializerMethodField(
+        help_text="requests sent and completed, achieved rate and prefix-hit share beside the workload's; "
+        "not_comparable: each way they were more than 10% off"
+    )
+
+    def get_conditions(self, arm: Arm) -> dict[str, Any]:
+        return arm.conditions().to_json()
 
     class Meta:
         model = Arm
@@ -82,6 +92,7 @@ class ArmSerializer(StrictModelSerializer):
             "revision",
             "chunk_size",
             "status",
+            "conditions",
             "attempts",
             "results",
             "ramp",
@@ -109,6 +120,7 @@ class ExperimentSerializer(StrictModelSerializer):
             "duration_seconds",
             "warmup_seconds",
             "repeats",
+            "baseline",
             "rate_scale",
             "objectives",
             "capacity_rate_scales",
@@ -146,11 +158,26 @@ class ExperimentCreateSerializer(StrictSerializer):
     arms = serializers.ListField(
         child=serializers.DictField(),
         required=False,
-        help_text="[{name, fields}]; default: a monolithic baseline and chunk caps 256, 512, 1024, 2048",
+        help_text="[{name, fields}]; default: the pools' current profile as the baseline (a monolithic arm beside a "
+        "chunked one) and chunk caps 256, 512, 1024, 2048 that keep its other knobs",
     )
     duration_seconds = serializers.FloatField(required=False, default=60.0)
     warmup_seconds = serializers.FloatField(required=False, default=10.0)
-    repeats = serializers.IntegerField(required=False, default=1)
+    repeats = serializers.IntegerField(
+        required=False, default=DEFAULT_REPEATS, help_text="paired repeats; one names no winner"
+    )
+    baseline = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text="the arm the others are set beside; default: the one named baseline, else the first",
+    )
+    baseline_revision = serializers.PrimaryKeyRelatedField(
+        queryset=ProfileRevision.objects.all(),
+        required=False,
+        allow_null=True,
+        help_text="default arms only: the baseline runs this revision instead of the pools' current profile",
+    )
     rate_scale = serializers.FloatField(required=False, default=1.0)
     objectives = serializers.DictField(
         child=serializers.FloatField(), required=False, help_text=f"P99 objectives in ms; default {DEFAULT_OBJECTIVES}"
@@ -249,6 +276,8 @@ class ExperimentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewse
             duration_seconds=v["duration_seconds"],
             warmup_seconds=v["warmup_seconds"],
             repeats=v["repeats"],
+            baseline=v["baseline"],
+            baseline_revision=v.get("baseline_revision"),
             rate_scale=v["rate_scale"],
             objectives=v.get("objectives"),
             capacity_rate_scales=v["capacity_rate_scales"],

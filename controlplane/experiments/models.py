@@ -32,6 +32,8 @@ from django.db.models import Max, Q
 from django.utils import timezone
 
 from controlplane import audit, live
+from controlplane.experiments.measure import Conditions, arm_conditions
+from controlplane.experiments.recommend import DEFAULT_REPEATS
 from controlplane.fleet.health import WorkerState
 from controlplane.fleet.models import Pool, Worker
 from controlplane.gateway.models import RequestLog, RoutingPool
@@ -206,43 +208,85 @@ class Workload(audit.Audited, models.Model):
 # ---- experiments ---------------------------------------------------------------------------
 
 
+# Knobs a grid arm sets; every other knob is the baseline's, so an arm
+# differs from the baseline in what it tests and nothing else.
+GRID_FIELDS = ("prefill_mode", "max_num_batched_tokens", "long_prefill_token_threshold", "short_prompt_threshold")
+
+
 def default_arms(
     max_model_len: int,
     chunk_sizes: tuple[int, ...] = DEFAULT_CHUNK_SIZES,
     budgets: tuple[int, ...] = (),
     short_thresholds: tuple[int | None, ...] = (None,),
     max_num_seqs: int | None = None,
+    current: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """A monolithic baseline, then a grid over the chunk cap
+    """The baseline, then a grid over the chunk cap
     (``long_prefill_token_threshold``), the step budget (default: the chunk
-    cap, or the default budget when larger) and ``short_prompt_threshold``."""
-    seqs = {"max_num_seqs": max_num_seqs} if max_num_seqs else {}
+    cap, or the default budget when larger) and ``short_prompt_threshold``.
+
+    The baseline is ``current`` (the pools' running profile, every knob of
+    it, ``max_num_seqs`` included) when given, else a monolithic profile of
+    the default knobs; every grid arm keeps the baseline's other knobs. A
+    chunked current profile gets a monolithic arm beside it. A grid arm equal
+    to the baseline is left out."""
     default_budget = EngineProfile().max_num_batched_tokens
-    arms: list[dict[str, Any]] = [
-        {
-            "name": "baseline",
-            "fields": {
-                "prefill_mode": "monolithic",
-                "max_num_batched_tokens": max(max_model_len, default_budget),
-                **seqs,
-            },
-        }
-    ]
+    monolithic_budget = max(max_model_len, default_budget)
+    base: dict[str, Any] = dict(current or {})
+    if max_num_seqs:
+        base["max_num_seqs"] = max_num_seqs
+    if not current:
+        base.update(prefill_mode="monolithic", max_num_batched_tokens=monolithic_budget)
+    arms: list[dict[str, Any]] = [{"name": "baseline", "fields": dict(base)}]
+    others = {k: v for k, v in base.items() if k not in GRID_FIELDS}
+    defaults = EngineProfile().to_dict()
+
+    def same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+        """Equal as the engine runs them: no chunk cap is a cap of the whole budget."""
+
+        def effective(fields: dict[str, Any]) -> dict[str, Any]:
+            full = {**defaults, **fields}
+            full["long_prefill_token_threshold"] = (
+                full["long_prefill_token_threshold"] or full["max_num_batched_tokens"]
+            )
+            return full
+
+        return effective(a) == effective(b)
+
+    if base.get("prefill_mode") == "chunked":
+        arms.append(
+            {
+                "name": "monolithic",
+                "fields": {**others, "prefill_mode": "monolithic", "max_num_batched_tokens": monolithic_budget},
+            }
+        )
     for chunk in chunk_sizes:
         for budget in budgets or (max(chunk, default_budget),):
             for short in short_thresholds:
                 fields: dict[str, Any] = {
+                    **others,
                     "prefill_mode": "chunked",
                     "max_num_batched_tokens": budget,
                     "long_prefill_token_threshold": chunk,
-                    **seqs,
                 }
                 name = f"chunk-{chunk}" + (f"-budget-{budget}" if budgets else "")
                 if short is not None:
                     fields["short_prompt_threshold"] = short
                     name += f"-short-{short}"
+                if same(fields, base):
+                    continue  # the baseline itself
                 arms.append({"name": name, "fields": fields})
     return arms
+
+
+def current_fields(workers: list[Worker]) -> dict[str, Any] | None:
+    """The profile the workers run now (the first one's, by name, when they
+    differ), in full; None when none runs one yet."""
+    for w in sorted(workers, key=lambda w: w.name):
+        revision_id = w.running_revision_id or w.effective_desired_revision_id()
+        if revision_id and (revision := ProfileRevision.objects.filter(pk=revision_id).first()) is not None:
+            return dict(revision.fields)
+    return None
 
 
 def arm_errors(arms: Any, workers: list[Worker]) -> dict[str, list[str]]:
@@ -315,7 +359,14 @@ class Experiment(audit.Audited, models.Model):
     )
     duration_seconds = models.FloatField(default=60.0, help_text="measured replay per arm and repeat")
     warmup_seconds = models.FloatField(default=10.0, help_text="replay before measuring, per arm")
-    repeats = models.PositiveIntegerField(default=1)
+    repeats = models.PositiveIntegerField(
+        default=DEFAULT_REPEATS, help_text="paired repeats: repeat r of every arm replays the same requests"
+    )
+    baseline = models.CharField(
+        max_length=100,
+        blank=True,
+        help_text="the arm every other is set beside; by default the pools' current profile, named baseline",
+    )
     rate_scale = models.FloatField(default=1.0, help_text="replay at this multiple of the recorded rate")
     objectives = models.JSONField(default=dict, help_text="{ttft_ms, tpot_ms, stall_ms?}: P99 objectives")
     capacity_rate_scales = models.JSONField(
@@ -373,6 +424,7 @@ class Experiment(audit.Audited, models.Model):
                 "duration_seconds",
                 "warmup_seconds",
                 "repeats",
+                "baseline",
                 "rate_scale",
                 "objectives",
                 "capacity_rate_scales",
@@ -406,17 +458,25 @@ class Experiment(audit.Audited, models.Model):
         arms: list[dict[str, Any]] | None = None,
         duration_seconds: float = 60.0,
         warmup_seconds: float = 10.0,
-        repeats: int = 1,
+        repeats: int = DEFAULT_REPEATS,
         rate_scale: float = 1.0,
         objectives: dict[str, float] | None = None,
         capacity_rate_scales: list[float] | None = None,
         capacity_seconds: float = 30.0,
+        baseline: str = "",
+        baseline_revision: ProfileRevision | None = None,
+        chunk_sizes: tuple[int, ...] = DEFAULT_CHUNK_SIZES,
         actor: audit.Actor = None,
     ) -> Experiment:
         """Validate everything the run will need, then store the experiment,
         its arms and one profile revision per arm, audited as
         ``experiment.create``, and start it on commit. Raises
-        ValidationError naming the field (``arms[i].<knob>`` for an arm)."""
+        ValidationError naming the field (``arms[i].<knob>`` for an arm).
+
+        Without ``arms``: the baseline is the profile the workers run now
+        (or ``baseline_revision``), and a chunk-size grid that keeps its
+        other knobs. ``baseline`` names the arm the others are set beside
+        (default: the one named "baseline", else the first)."""
         errors: dict[str, list[str]] = {}
         if not workers:
             errors["workers"] = ["at least one worker."]
@@ -432,8 +492,17 @@ class Experiment(audit.Audited, models.Model):
         errors.update(cls._traffic_errors(workers))
         if arms is None:
             max_len = min((w.max_model_len for w in workers if w.max_model_len), default=2048)
-            arms = default_arms(max_len)
+            current = dict(baseline_revision.fields) if baseline_revision is not None else current_fields(workers)
+            arms = default_arms(max_len, chunk_sizes, current=current)
         errors.update(arm_errors(arms, workers))
+        names = (
+            [str(a.get("name") or f"arm-{i}") for i, a in enumerate(arms) if isinstance(a, dict)]
+            if isinstance(arms, list)
+            else []
+        )
+        if baseline and baseline not in names:
+            errors.setdefault("baseline", []).append(f"names no arm: one of {', '.join(names)}.")
+        baseline = baseline or ("baseline" if "baseline" in names else (names[0] if names else ""))
         for field, value, least in (
             ("duration_seconds", duration_seconds, 1.0),
             ("warmup_seconds", warmup_seconds, 0.0),
@@ -461,6 +530,7 @@ class Experiment(audit.Audited, models.Model):
                 duration_seconds=duration_seconds,
                 warmup_seconds=warmup_seconds,
                 repeats=repeats,
+                baseline=baseline,
                 rate_scale=rate_scale,
                 objectives=objectives,
                 capacity_rate_scales=[float(r) for r in ramp],
@@ -597,9 +667,9 @@ class Experiment(audit.Audited, models.Model):
         self.changed()
 
     def seconds_per_arm(self) -> float:
+        """Each repeat warms up afresh: arms interleave, so each repeat applies its arm again."""
         return (
-            self.warmup_seconds
-            + self.repeats * self.duration_seconds
+            self.repeats * (self.warmup_seconds + self.duration_seconds)
             + len(self.capacity_rate_scales or []) * self.capacity_seconds
         )
 
@@ -640,6 +710,17 @@ class Arm(models.Model):
     @property
     def status_label(self) -> str:
         return ArmStatus(self.status).label
+
+    def conditions(self, experiment: Experiment | None = None) -> Conditions:
+        """What the arm ran, beside the workload's own (``measure.arm_conditions``)."""
+        exp = experiment or self.experiment
+        spec = exp.workload.workload_spec()
+        return arm_conditions(
+            self.results,
+            arrival_seconds=exp.duration_seconds,
+            workload_rate=spec.rate_per_second * exp.rate_scale,
+            workload_prefix_share=spec.prefix_hit_share,
+        )
 
     @property
     def chunk_size(self) -> int | None:

@@ -11,18 +11,26 @@ fresh task for the step after:
 1. pending → take the workers out of traffic: remember each one's revision
    override and cordon (``previous``), cordon it, wait until the requests
    it had in flight are done; → running.
-2. running → the first arm not finished: point the workers at its
-   revision (as a rollout moves a worker), wait until they report ready on
-   it, warm up, then each repeat not yet measured: replay the workload at
-   its recorded rate against the workers (never through the gateway),
-   measured by the replay client and by the workers' own ``/metrics``
-   before and after. A repeat's result is stored as soon as it is taken,
-   so a runner lost mid-arm resumes at the next repeat and no repeat (no
-   arm) runs twice. A worker that stops answering fails the arm, with the
-   reason; the next arm runs on the workers that are left. With a
-   capacity ramp, the arm's repeats are followed by one replay per rate
-   of the ramp, each point stored as taken (``capacity``), up to the first
-   rate at which fewer than 90% of the requests meet both objectives.
+2. running → the next (repeat, arm) of the **schedule** not yet measured.
+   Repeats are the outer loop and the arm order rotates by one each repeat
+   (a Latin square: with as many repeats as arms every arm runs once in
+   every position), so drift over the run (a warming host, a neighbour)
+   falls on every arm alike instead of on the last ones. One step: point
+   the workers at the arm's revision (as a rollout moves a worker), wait
+   until they report ready on it, warm up, **reset every worker's prefix
+   cache**, then replay repeat ``r``: the same seeded requests for every
+   arm (paired repeats at equal offered load), at the workload's recorded
+   rate, against the workers (never through the gateway), measured by the
+   replay client and by the workers' own ``/metrics`` before and after.
+   The cache reset makes each arm build its own prefix hits from the
+   workload's sharing instead of inheriting an earlier arm's. A repeat's
+   result is stored as soon as it is taken, so a runner lost mid-run
+   resumes at the next one and none runs twice. A worker that stops
+   answering fails the arm, with the reason; the other arms go on with
+   the workers that are left. After an arm's last repeat, with a capacity
+   ramp, one replay per rate of the ramp, each point stored as taken
+   (``capacity``), up to the first rate at which fewer than 90% of the
+   requests meet both objectives; then the arm is finished.
 3. restoring (after the last arm, or on abort) → every worker back on its
    previous override and cordon, then the recommendation; → succeeded or
    aborted.
@@ -52,7 +60,7 @@ from controlplane import audit
 from controlplane.experiments import conf, measure
 from controlplane.experiments.capacity import RampPoint, ramp_finished, serving_capacity
 from controlplane.experiments.models import Arm, ArmStatus, Experiment, Phase
-from controlplane.experiments.recommend import ArmFigures, Objectives, recommend
+from controlplane.experiments.recommend import ArmFigures, Objectives, Recommendation, recommend
 from controlplane.fleet.health import WorkerState
 from controlplane.fleet.models import Worker
 from controlplane.gateway import conf as gateway_conf
@@ -133,11 +141,11 @@ def step(experiment_id: int, lease: Lease) -> bool:
         prepare(exp, lease)
         return True
     if phase == Phase.RUNNING:
-        arm = exp.arms.filter(status__lt=ArmStatus.SUCCEEDED).order_by("index").first()
+        arm, repeat = next_step(exp)
         if exp.abort_requested or arm is None:
             to_restoring(exp)
             return True
-        run_arm(exp, arm, lease)
+        run_arm(exp, arm, lease, repeat)
         return True
     if phase == Phase.RESTORING:
         restore(exp, lease)
@@ -218,14 +226,40 @@ def prepare(exp: Experiment, lease: Lease) -> None:
         exp.changed()
 
 
-# ---- 2. one arm -----------------------------------------------------------------------------
+# ---- 2. one arm, one repeat ------------------------------------------------------------------
+
+
+def schedule(num_arms: int, repeats: int) -> list[tuple[int, int]]:
+    """(repeat, arm index) in the order they run: repeat by repeat, the arm
+    order rotated by one each repeat."""
+    return [(r, (r + k) % num_arms) for r in range(repeats) for k in range(num_arms)]
+
+
+def next_step(exp: Experiment) -> tuple[Arm | None, int | None]:
+    """The next arm to run and its repeat; repeat None: the arm has all its
+    repeats and is finished next (its ramp, its summary)."""
+    arms = {a.index: a for a in exp.arms.filter(status__lt=ArmStatus.SUCCEEDED)}
+    if not arms:
+        return None, None
+    num_arms = max(exp.arms.values_list("index", flat=True)) + 1
+    for repeat, index in schedule(num_arms, exp.repeats):
+        arm = arms.get(index)
+        if arm is not None and not any(r["repeat"] == repeat for r in arm.results):
+            return arm, repeat
+    return min(arms.values(), key=lambda a: a.index), None
 
 
 def _seconds_left(exp: Experiment, arm: Arm | None, current_left: float) -> float:
-    remaining = exp.arms.filter(status__lt=ArmStatus.SUCCEEDED)
-    if arm is not None:
-        remaining = remaining.exclude(pk=arm.pk)
-    return round(current_left + remaining.count() * exp.seconds_per_arm(), 1)
+    """``current_left`` plus every repeat (and ramp) not yet run after this one."""
+    per_repeat = exp.warmup_seconds + exp.duration_seconds
+    ramp = len(exp.capacity_rate_scales or []) * exp.capacity_seconds
+    left = 0.0
+    for other in exp.arms.filter(status__lt=ArmStatus.SUCCEEDED):
+        left += max(0, exp.repeats - len(other.results) - (1 if arm is not None and other.pk == arm.pk else 0)) * (
+            per_repeat
+        )
+        left += ramp
+    return round(current_left + left, 1)
 
 
 def drawn_or_failed(planned: list[Any], exp: Experiment) -> list[Any]:
@@ -240,21 +274,29 @@ def drawn_or_failed(planned: list[Any], exp: Experiment) -> list[Any]:
     )
 
 
-def run_arm(exp: Experiment, arm: Arm, lease: Lease) -> None:
+def run_arm(exp: Experiment, arm: Arm, lease: Lease, repeat: int | None) -> None:
+    """One step of one arm: its repeat ``repeat``, or (None) its ramp and
+    its finish once every repeat is in."""
     now = timezone.now()
     Arm.objects.filter(pk=arm.pk).update(
         status=ArmStatus.RUNNING, attempts=F("attempts") + 1, started_at=arm.started_at or now
     )
     arm.refresh_from_db()
     num_arms = exp.arms.count()
-    exp.message = f"arm {arm.index + 1} of {num_arms}: {arm.name}"
+    what = f"repeat {repeat + 1} of {exp.repeats}" if repeat is not None else "finishing"
+    exp.message = f"arm {arm.index + 1} of {num_arms}: {arm.name}, {what}"
     Experiment.objects.filter(pk=exp.pk).update(message=exp.message)
     exp.record(
-        "arm_started", None, {"arm": arm.name, "attempt": arm.attempts, "repeats_done": len(arm.results)}, now=now
+        "arm_started",
+        None,
+        {"arm": arm.name, "attempt": arm.attempts, "repeat": repeat, "repeats_done": len(arm.results)},
+        now=now,
     )
     try:
         workers = apply_arm(exp, arm, lease, num_arms)
-        run_repeats(exp, arm, workers, lease, num_arms)
+        if repeat is not None:
+            run_repeat(exp, arm, workers, lease, num_arms, repeat)
+            return
         run_ramp(exp, arm, workers, lease, num_arms)
     except Aborted:
         Arm.objects.filter(pk=arm.pk).update(
@@ -313,7 +355,7 @@ def apply_arm(exp: Experiment, arm: Arm, lease: Lease, num_arms: int) -> list[Wo
         arm=arm.index + 1,
         num_arms=num_arms,
         arm_name=arm.name,
-        seconds_left=_seconds_left(exp, arm, exp.seconds_per_arm()),
+        seconds_left=_seconds_left(exp, arm, exp.warmup_seconds + exp.duration_seconds),
     )
     ids = [w.pk for w in workers]
     problems: dict[str, str] = {}
@@ -352,6 +394,7 @@ def planner(exp: Experiment, arm: Arm, workers: list[Worker]) -> Planner:
     vocabulary = replay.vocabulary(conf.EXPERIMENT_TOKENIZER_DIR.get() or None)
     max_model_len = min((w.max_model_len for w in workers if w.max_model_len), default=None)
     block_size = int(arm.fields.get("block_size") or replay.DEFAULT_BLOCK_SIZE)
+    num_caches = max(1, len(workers))  # one prefix cache per worker, each reset before the replay
 
     def plan(
         seed: int, seconds: float | None, rate_scale: float, num_requests: int | None = None
@@ -365,12 +408,15 @@ def planner(exp: Experiment, arm: Arm, workers: list[Worker]) -> Planner:
             rate_scale=rate_scale,
             block_size=block_size,
             max_model_len=max_model_len,
+            num_caches=num_caches,
         )
 
     return plan
 
 
-def run_repeats(exp: Experiment, arm: Arm, workers: list[Worker], lease: Lease, num_arms: int) -> None:
+def run_repeat(exp: Experiment, arm: Arm, workers: list[Worker], lease: Lease, num_arms: int, repeat: int) -> None:
+    """Warm up, reset the prefix caches, replay repeat ``repeat`` (seed
+    ``repeat``: the same requests for every arm) and store its result."""
     slos = exp.slos()
     urls = [w.url for w in workers]
     names = {w.url: w.name for w in workers}
@@ -379,9 +425,9 @@ def run_repeats(exp: Experiment, arm: Arm, workers: list[Worker], lease: Lease, 
     def plan(seed: int, seconds: float) -> list[loadgen.PlannedRequest]:
         return planned(seed, seconds, exp.rate_scale)
 
-    per_arm = exp.seconds_per_arm()
+    stage = f"repeat {repeat + 1} of {exp.repeats}"
     if exp.warmup_seconds > 0:
-        _progress(exp, arm, num_arms, "warming up", per_arm)
+        _progress(exp, arm, num_arms, "warming up", exp.warmup_seconds + exp.duration_seconds)
         asyncio.run(
             replay_on(
                 urls,
@@ -391,55 +437,42 @@ def run_repeats(exp: Experiment, arm: Arm, workers: list[Worker], lease: Lease, 
                 arm,
                 num_arms,
                 "warming up",
-                per_arm,
+                exp.warmup_seconds + exp.duration_seconds,
                 names,
                 slos,
             )
         )
-    for repeat in range(len(arm.results), exp.repeats):
-        left = (exp.repeats - repeat) * exp.duration_seconds
-        requests = drawn_or_failed(plan(repeat, exp.duration_seconds), exp)
-        outcome = asyncio.run(
-            replay_on(
-                urls,
-                requests,
-                lease,
-                exp,
-                arm,
-                num_arms,
-                f"repeat {repeat + 1} of {exp.repeats}",
-                left,
-                names,
-                slos,
+    requests = drawn_or_failed(plan(repeat, exp.duration_seconds), exp)
+    outcome = asyncio.run(
+        replay_on(urls, requests, lease, exp, arm, num_arms, stage, exp.duration_seconds, names, slos, reset=True)
+    )
+    result = {
+        "repeat": repeat,
+        "attempt": arm.attempts,
+        "taken_at": timezone.now().isoformat(),
+        "arrival_seconds": exp.duration_seconds,
+        "figures": measure.repeat_figures(outcome["client"], outcome["workers"]),
+        "client": {
+            k: outcome["client"][k]
+            for k in (
+                "num_requests",
+                "successful_requests",
+                "failed_requests",
+                "duration_seconds",
+                "total_input_tokens",
+                "total_output_tokens",
             )
-        )
-        result = {
-            "repeat": repeat,
-            "attempt": arm.attempts,
-            "taken_at": timezone.now().isoformat(),
-            "figures": measure.repeat_figures(outcome["client"], outcome["workers"]),
-            "client": {
-                k: outcome["client"][k]
-                for k in (
-                    "num_requests",
-                    "successful_requests",
-                    "failed_requests",
-                    "duration_seconds",
-                    "total_input_tokens",
-                    "total_output_tokens",
-                )
-            },
-        }
-        with transaction.atomic():
-            locked = Arm.objects.select_for_update().get(pk=arm.pk)
-            if any(r["repeat"] == repeat for r in locked.results):
-                continue  # taken meanwhile by a runner that lost its lease late: never twice
+        },
+    }
+    with transaction.atomic():
+        locked = Arm.objects.select_for_update().get(pk=arm.pk)
+        if not any(r["repeat"] == repeat for r in locked.results):  # else taken meanwhile by a late runner
             locked.results = [*locked.results, result]
             locked.save(update_fields=["results"])
-            arm.results = locked.results
-        exp.changed()
-        if outcome["dead"]:
-            raise ArmFailed("; ".join(outcome["dead"]))
+        arm.results = locked.results
+    exp.changed()
+    if outcome["dead"]:
+        raise ArmFailed("; ".join(outcome["dead"]))
 
 
 def run_ramp(exp: Experiment, arm: Arm, workers: list[Worker], lease: Lease, num_arms: int) -> None:
@@ -473,6 +506,7 @@ def run_ramp(exp: Experiment, arm: Arm, workers: list[Worker], lease: Lease, num
                 (len(scales) - k) * exp.capacity_seconds,
                 names,
                 slos,
+                reset=True,
             )
         )
         client = outcome["client"]
@@ -487,7 +521,7 @@ def run_ramp(exp: Experiment, arm: Arm, workers: list[Worker], lease: Lease, num
             "goodput": client["goodput"],
             "output_throughput": client["output_throughput"],
             **{
-                f"{name}_p99": ms / 1000 if (ms := client[f"{name}_ms"]["p99"]) is not None else None
+                f"client_{name}_p99": ms / 1000 if (ms := client[f"{name}_ms"]["p99"]) is not None else None
                 for name in ("ttft", "tpot")
             },
             "attempt": arm.attempts,
@@ -527,6 +561,18 @@ async def _scrape(session: aiohttp.ClientSession, url: str, *names: str) -> cata
         return catalogue.parse(await r.text())
 
 
+async def _reset_prefix_cache(session: aiohttp.ClientSession, url: str) -> str:
+    """Reset a worker's prefix cache; why it could not, or ""."""
+    async with session.post(f"{url.rstrip('/')}/reset_prefix_cache") as r:
+        if r.status == 404:
+            return "has no /reset_prefix_cache (a worker older than this control plane): its arms cannot start cold"
+        if r.status != 200:
+            return f"could not reset its prefix cache: HTTP {r.status}: {(await r.text())[:200]}"
+        if not (await r.json()).get("reset"):
+            return "refused to reset its prefix cache (requests still held cached blocks)"
+    return ""
+
+
 async def replay_on(
     urls: list[str],
     planned: list[loadgen.PlannedRequest],
@@ -538,10 +584,13 @@ async def replay_on(
     left_seconds: float,
     names: dict[str, str],
     slos: dict[str, float],
+    *,
+    reset: bool = False,
 ) -> dict[str, Any]:
     """Replay ``planned`` (round-robin over the workers, as their pool would
     share it) and measure; the lease is renewed and the abort flag read
-    every second meanwhile."""
+    every second meanwhile. ``reset``: every worker's prefix cache is reset
+    first; a worker that cannot reset it is out, with the reason."""
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="experiment-db")
     loop = asyncio.get_running_loop()
 
@@ -559,6 +608,9 @@ async def replay_on(
             try:
                 client = clients[url] = loadgen.Client(url, model=None, api_key=None)
                 client.model, _ = await client.discover()
+                if reset and (why := await _reset_prefix_cache(session, url)):
+                    dead[url] = f"worker {names[url]} {why}"
+                    continue
                 before[url] = await _scrape(session, url)
             except (aiohttp.ClientError, TimeoutError, IndexError, KeyError, ValueError) as exc:
                 dead[url] = f"worker {names[url]} stopped answering: {type(exc).__name__}: {exc}"
@@ -689,33 +741,56 @@ def finish(exp: Experiment, phase: Phase) -> None:
         exp.changed()
 
 
-def recommendation(exp: Experiment) -> dict[str, Any]:
+def arm_figures(exp: Experiment, arm: Arm) -> ArmFigures:
+    """An arm's figures for the recommendation, one value per repeat in
+    repeat order, and whether its conditions were the workload's."""
+    results = sorted(arm.results, key=lambda r: r["repeat"])
+    figures = [measure.upgrade_figures(r["figures"]) for r in results]
+
+    def values(key: str) -> list[float]:
+        return [f[key] for f in figures if f.get(key) is not None]
+
+    conditions = arm.conditions(exp)
+    return ArmFigures(
+        arm.name,
+        values("goodput"),
+        values("output_throughput"),
+        values("client_ttft_p99"),
+        values("client_tpot_p99"),
+        values("client_stall_p99"),
+        capacity=[arm.capacity] if arm.capacity is not None else [],
+        failed=arm.error if arm.status == ArmStatus.FAILED else "",
+        not_comparable="; ".join(conditions.not_comparable),
+    )
+
+
+def objectives(exp: Experiment) -> Objectives:
     o = exp.objectives or {}
-    objectives = Objectives(
+    return Objectives(
         ttft_p99_seconds=float(o.get("ttft_ms", 2000)) / 1000,
         tpot_p99_seconds=float(o.get("tpot_ms", 200)) / 1000,
         stall_p99_seconds=float(o["stall_ms"]) / 1000 if o.get("stall_ms") else None,
     )
-    arms = []
-    for arm in exp.arms.order_by("index"):
-        if arm.status == ArmStatus.SKIPPED:
-            continue
 
-        def values(key: str, arm: Arm = arm) -> list[float]:
-            return [r["figures"][key] for r in arm.results if r["figures"].get(key) is not None]
 
-        arms.append(
-            ArmFigures(
-                arm.name,
-                values("goodput"),
-                values("output_throughput"),
-                values("ttft_p99"),
-                values("tpot_p99"),
-                values("stall_p99"),
-                capacity=[arm.capacity] if arm.capacity is not None else [],
-                failed=arm.error if arm.status == ArmStatus.FAILED else "",
-            )
-        )
+def judge(exp: Experiment) -> Recommendation | None:
+    """The recommendation on the arms that ran; None when none did."""
+    arms = [arm_figures(exp, arm) for arm in exp.arms.order_by("index") if arm.status != ArmStatus.SKIPPED]
     if not arms:
-        return {"winner": None, "basis": "goodput", "reasons": ["no arm ran"], "broke": {}, "tied": []}
-    return recommend(arms, objectives).to_json()
+        return None
+    return recommend(arms, objectives(exp), baseline=exp.baseline or None)
+
+
+def recommendation(exp: Experiment) -> dict[str, Any]:
+    rec = judge(exp)
+    if rec is None:
+        return {
+            "winner": None,
+            "outcome": "none_met",
+            "outcome_label": "no arm qualifies",
+            "basis": "goodput",
+            "reasons": ["no arm ran"],
+            "broke": {},
+            "tied": [],
+        }
+    return rec.to_json()

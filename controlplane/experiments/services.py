@@ -11,7 +11,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from controlplane import audit
-from controlplane.experiments.models import DEFAULT_CHUNK_SIZES, Experiment, Workload, default_arms
+from controlplane.experiments.models import DEFAULT_CHUNK_SIZES, Experiment, Workload
+from controlplane.experiments.recommend import DEFAULT_REPEATS
 from controlplane.fleet.models import Pool, Worker
 
 
@@ -27,14 +28,15 @@ def create_experiment(
     chunk_sizes: tuple[int, ...] = DEFAULT_CHUNK_SIZES,
     duration_seconds: float = 60.0,
     warmup_seconds: float = 10.0,
-    repeats: int = 1,
+    repeats: int = DEFAULT_REPEATS,
     objectives: dict[str, float] | None = None,
     actor: audit.Actor = None,
 ) -> Experiment:
     """Start an experiment on ``workers``: on ``workload``, or on a capture
     of the last ``window_minutes`` of ``pool``'s (and ``model``'s) traffic;
-    on ``arms``, or a monolithic baseline and one chunked arm per chunk
-    size. All or nothing: a refused experiment keeps no capture. Raises
+    on ``arms``, or the workers' current profile as the baseline and one
+    chunked arm per chunk size that keeps its other knobs. All or nothing:
+    a refused experiment keeps no capture. Raises
     Django's ValidationError naming the field (``window`` with the request
     count of an empty window, ``arms[i].<knob>`` for an arm an engine
     refuses, ``workers``)."""
@@ -49,14 +51,12 @@ def create_experiment(
                 end=end,
                 actor=actor,
             )
-        if arms is None:
-            max_len = min((w.max_model_len for w in workers if w.max_model_len), default=2048)
-            arms = default_arms(max_len, chunk_sizes)
         return Experiment.create(
             name=name,
             workload=workload,
             workers=workers,
             arms=arms,
+            chunk_sizes=chunk_sizes,
             duration_seconds=duration_seconds,
             warmup_seconds=warmup_seconds,
             repeats=repeats,

@@ -8,6 +8,7 @@ from typing import Any
 from django import forms
 
 from controlplane.experiments.models import DEFAULT_CHUNK_SIZES, DEFAULT_OBJECTIVES, Workload
+from controlplane.experiments.recommend import DEFAULT_REPEATS
 from controlplane.fleet.models import Worker
 from workers import loadgen
 
@@ -45,7 +46,12 @@ class ExperimentForm(forms.Form):
     short_prompt_thresholds = forms.CharField(required=False, help_text="short_prompt_threshold values to grid over")
     duration_seconds = forms.FloatField(initial=20, min_value=1, help_text="measured replay per arm and repeat")
     warmup_seconds = forms.FloatField(initial=5, min_value=0)
-    repeats = forms.IntegerField(initial=1, min_value=1, max_value=20)
+    repeats = forms.IntegerField(
+        initial=DEFAULT_REPEATS,
+        min_value=1,
+        max_value=20,
+        help_text="paired: repeat r of every arm replays the same requests; one repeat names no winner",
+    )
     rate_scale = forms.FloatField(
         initial=1.0, min_value=0.001, help_text="replay at this multiple of the recorded rate"
     )

@@ -11,7 +11,7 @@ from typing import Any
 from django.db.models import QuerySet
 from django.template.loader import render_to_string
 
-from controlplane.experiments.measure import FIGURES
+from controlplane.experiments.measure import FIGURES, upgrade_figures
 from controlplane.experiments.models import Arm, ArmStatus, Experiment, Phase, Workload
 from workers.replay import Histogram
 
@@ -22,9 +22,9 @@ TABLE_FIGURES = (
     "output_throughput",
     "goodput",
     "capacity",
-    "ttft_p99",
-    "stall_p99",
-    "tbt_p99",
+    "client_ttft_p99",
+    "client_stall_p99",
+    "client_itl_p99",
     "memory_peak_bytes",
     "memory_mean_bytes",
     "prefill_wait_p99",
@@ -93,33 +93,82 @@ def _cell(arm: Arm, key: str) -> dict[str, Any]:
     if key == "capacity" and not s and arm.capacity is not None:
         s = {"mean": arm.capacity, "half_range": 0.0}
     if not s and arm.results:  # an arm under way: its repeats so far
-        values = [r["figures"].get(key) for r in arm.results if r["figures"].get(key) is not None]
+        figures = [upgrade_figures(r["figures"]) for r in arm.results]
+        values = [f[key] for f in figures if f.get(key) is not None]
         s = {"mean": sum(values) / len(values), "half_range": (max(values) - min(values)) / 2} if values else {}
     label, unit, display = _FIGURE[key]
     return {"key": key, "mean": s.get("mean"), "half_range": s.get("half_range"), "display": display}
 
 
+# The plot's series (experiments.js's names) and the figures they show.
+PLOT_SERIES = {
+    "output_throughput": "output_throughput",
+    "goodput": "goodput",
+    "ttft_p99": "client_ttft_p99",
+    "stall_p99": "client_stall_p99",
+}
+
+
+def num_requests(arm: Arm) -> int:
+    """The requests the arm's measured repeats sent: what backs its point."""
+    return sum(int((r.get("client") or {}).get("num_requests") or 0) for r in arm.results)
+
+
 def plot_payload(arms: list[Arm]) -> dict[str, Any]:
     """The plot: throughput and goodput against chunk size, TTFT P99 and
-    stall P99 on a second axis, the baseline's throughput and goodput as
-    flat lines."""
+    stall P99 (the client's) on a second axis, the monolithic arm's
+    throughput and goodput as flat lines; with the requests and repeats
+    behind each point."""
 
     def mean(arm: Arm, key: str) -> float | None:
-        return ((arm.summary or {}).get(key) or {}).get("mean")
+        return (upgrade_figures(arm.summary or {}).get(key) or {}).get("mean")
 
     measured = [a for a in arms if a.status == ArmStatus.SUCCEEDED]
     chunked = sorted((a for a in measured if a.chunk_size is not None), key=lambda a: a.chunk_size or 0)
     baseline = next((a for a in measured if a.chunk_size is None), None)
     xs = [a.chunk_size for a in chunked]
-    series = {key: [mean(a, key) for a in chunked] for key in ("output_throughput", "goodput", "ttft_p99", "stall_p99")}
+    series = {name: [mean(a, key) for a in chunked] for name, key in PLOT_SERIES.items()}
     return {
         "x": xs,
         "arms": [a.name for a in chunked],
         **series,
-        "baseline": {k: mean(baseline, k) for k in ("output_throughput", "goodput", "ttft_p99", "stall_p99")}
+        "requests": [num_requests(a) for a in chunked],
+        "repeats": [len(a.results) for a in chunked],
+        "baseline": {
+            **{name: mean(baseline, key) for name, key in PLOT_SERIES.items()},
+            "name": baseline.name,
+            "requests": num_requests(baseline),
+            "repeats": len(baseline.results),
+        }
         if baseline
         else None,
     }
+
+
+def conditions_rows(experiment: Experiment, arms: list[Arm]) -> dict[str, Any]:
+    """Each arm's conditions beside the workload's (``Arm.conditions``)."""
+    spec = experiment.workload.workload_spec()
+    rows = []
+    for a in arms:
+        c = a.conditions(experiment)
+        rows.append({"arm": a, "c": c, "not_comparable": list(c.not_comparable)})
+    return {
+        "workload_rate": spec.rate_per_second * experiment.rate_scale,
+        "workload_prefix_share": spec.prefix_hit_share,
+        "workload_requests": round(spec.rate_per_second * experiment.rate_scale * experiment.duration_seconds),
+        "rows": rows,
+    }
+
+
+def versus_baseline(rec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The recommendation's paired differences against the baseline, for
+    the table (an old recommendation has none)."""
+    out = []
+    for name, d in (rec.get("versus_baseline") or {}).items():
+        n = int(d.get("num_pairs") or 0)
+        significant = n >= 2 and ((d.get("low") or 0) > 0 or (d.get("high") or 0) < 0)
+        out.append({"arm": name, **d, "significant": significant})
+    return out
 
 
 def detail_context(experiment: Experiment, user_context: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -133,10 +182,13 @@ def detail_context(experiment: Experiment, user_context: dict[str, Any] | None =
             "arm": a,
             "cells": [_cell(a, k) for k in columns],
             "is_winner": a.name == rec.get("winner"),
+            "is_baseline": a.name == (experiment.baseline or "baseline"),
             "broke": (rec.get("broke") or {}).get(a.name, []),
+            "num_requests": num_requests(a),
         }
         for a in arms
     ]
+    plot = plot_payload(arms)
     return {
         **(user_context or {}),
         "experiment": experiment,
@@ -147,7 +199,24 @@ def detail_context(experiment: Experiment, user_context: dict[str, Any] | None =
         "running": running,
         "recommendation": rec,
         "num_done": sum(1 for a in arms if ArmStatus(a.status).finished),
-        "plot_json": json.dumps(plot_payload(arms)),
+        "plot_json": json.dumps(plot),
+        "plot_points": [
+            {"arm": name, "requests": n, "repeats": r}
+            for name, n, r in zip(plot["arms"], plot["requests"], plot["repeats"], strict=True)
+        ]
+        + (
+            [
+                {
+                    "arm": plot["baseline"]["name"],
+                    "requests": plot["baseline"]["requests"],
+                    "repeats": plot["baseline"]["repeats"],
+                }
+            ]
+            if plot["baseline"]
+            else []
+        ),
+        "conditions": conditions_rows(experiment, arms),
+        "versus_baseline": versus_baseline(rec),
         "can_abort": experiment.phase < Phase.RESTORING and not experiment.abort_requested,
         "can_adopt": experiment.phase == Phase.SUCCEEDED and bool(rec.get("winner")),
         "workers": sorted(w.name for w in experiment.workers.all()),

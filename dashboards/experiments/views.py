@@ -24,7 +24,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from controlplane.accounts.roles import Role
-from controlplane.experiments.models import Experiment, Workload, default_arms
+from controlplane.experiments.models import Experiment, Workload, current_fields, default_arms
 from controlplane.fleet.models import Worker
 from controlplane.gateway.models import RequestLog
 from dashboards.access import role_required
@@ -125,7 +125,13 @@ def experiment_new(request: HtmxHttpRequest) -> HttpResponse:
         v = form.cleaned_data
         workers = list(v["workers"])
         max_len = min((w.max_model_len for w in workers if w.max_model_len), default=2048)
-        arms = default_arms(max_len, v["chunk_sizes"], v["budgets"], v["short_prompt_thresholds"] or (None,))
+        arms = default_arms(
+            max_len,
+            v["chunk_sizes"],
+            v["budgets"],
+            v["short_prompt_thresholds"] or (None,),
+            current=current_fields(workers),  # the baseline: the profile the workers run now
+        )
         try:
             with transaction.atomic():  # a refused experiment keeps no workload it captured
                 experiment = Experiment.create(

@@ -132,12 +132,63 @@ def test_an_experiment_gets_the_default_grid_one_revision_per_arm(operator: Any)
     )
     assert response.status_code == 201, response.content
     data = response.json()
-    assert [a["name"] for a in data["arms"]] == ["baseline", "chunk-256", "chunk-512", "chunk-1024", "chunk-2048"]
-    assert data["arms"][0]["fields"]["prefill_mode"] == "monolithic"
-    assert [a["chunk_size"] for a in data["arms"]] == [None, 256, 512, 1024, 2048]
-    assert data["phase"] == "pending"
+    # The pool runs a chunked profile (budget 512, no cap): that is the
+    # baseline, a monolithic arm goes beside it, and the grid leaves out the
+    # arm equal to it (a 512 cap on a 512 budget).
+    current = workers[0].pool.desired_revision.fields
+    assert [a["name"] for a in data["arms"]] == ["baseline", "monolithic", "chunk-256", "chunk-1024", "chunk-2048"]
+    assert data["arms"][0]["fields"] == current and data["baseline"] == "baseline"
+    assert data["arms"][1]["fields"]["prefill_mode"] == "monolithic"
+    assert [a["chunk_size"] for a in data["arms"]] == [512, None, 256, 1024, 2048]
+    assert data["phase"] == "pending" and data["repeats"] == 3
     assert len({a["revision"] for a in data["arms"]}) == 5
     assert AuditEvent.objects.filter(action="experiment.create", object_id=str(data["id"])).exists()
+
+
+def test_the_default_baseline_is_the_pools_running_profile_with_its_max_num_seqs(operator: Any) -> None:
+    # Default arms used max_num_seqs 64 while the pools ran 32: "baseline" was not the fleet's profile.
+    running = make_profile(prefill_mode="monolithic", max_num_batched_tokens=2048, max_num_seqs=32)
+    pool = make_pool(revision=running)
+    workers = [enroll_worker(pool=pool)[0] for _ in range(2)]
+    Worker.objects.filter(pk__in=[w.pk for w in workers]).update(state=Worker.State.READY)
+    response = operator.post(
+        "/api/v1/experiments/",
+        {"name": "s", "workload": scenario_workload().pk, "workers": [w.name for w in workers]},
+        format="json",
+    )
+    assert response.status_code == 201, response.content
+    arms = response.json()["arms"]
+    assert arms[0]["name"] == "baseline" and arms[0]["fields"] == running.fields
+    assert [a["name"] for a in arms] == ["baseline", "chunk-256", "chunk-512", "chunk-1024", "chunk-2048"]
+    assert {a["fields"]["max_num_seqs"] for a in arms} == {32}
+
+
+def test_the_operator_can_pick_another_baseline(operator: Any) -> None:
+    workers = lab_workers(1)
+    other = make_profile(prefill_mode="monolithic", max_num_batched_tokens=4096, max_num_seqs=8)
+    response = operator.post(
+        "/api/v1/experiments/",
+        {
+            "name": "s",
+            "workload": scenario_workload().pk,
+            "workers": [w.name for w in workers],
+            "baseline_revision": other.pk,
+        },
+        format="json",
+    )
+    assert response.status_code == 201, response.content
+    arms = response.json()["arms"]
+    assert arms[0]["fields"] == other.fields and {a["fields"]["max_num_seqs"] for a in arms} == {8}
+
+    arms_in = [
+        {"name": "a", "fields": {"max_num_batched_tokens": 512}},
+        {"name": "b", "fields": {"max_num_batched_tokens": 256}},
+    ]
+    body = {"name": "s", "workload": scenario_workload().pk, "workers": [w.name for w in lab_workers(1)]}
+    named = operator.post("/api/v1/experiments/", {**body, "arms": arms_in, "baseline": "b"}, format="json")
+    assert named.status_code == 201 and named.json()["baseline"] == "b"
+    wrong = operator.post("/api/v1/experiments/", {**body, "arms": arms_in, "baseline": "c"}, format="json")
+    assert wrong.status_code == 400 and "baseline" in wrong.json()
 
 
 @pytest.mark.parametrize(
@@ -210,7 +261,8 @@ def test_a_capacity_ramp_is_stored_and_counted_in_the_arm_time(operator: Any) ->
     data = response.json()
     assert (data["capacity_rate_scales"], data["capacity_seconds"]) == ([0.5, 1.0, 2.0], 10.0)
     assert data["arms"][0]["ramp"] == [] and data["arms"][0]["capacity"] is None
-    assert Experiment.objects.get(pk=data["id"]).seconds_per_arm() == 1 + 5 + 3 * 10
+    # Three repeats (the default), each warmed up afresh (arms interleave), then the ramp.
+    assert Experiment.objects.get(pk=data["id"]).seconds_per_arm() == 3 * (1 + 5) + 3 * 10
 
 
 def test_a_knob_vllm_lacks_is_a_400_for_vllm_workers(operator: Any) -> None:
@@ -276,7 +328,7 @@ def test_adopting_the_recommended_arm_revises_the_profile_the_workers_ran(operat
     experiment = Experiment.create(name="a", workload=scenario_workload(), workers=workers)
     Experiment.objects.filter(pk=experiment.pk).update(
         phase=Phase.SUCCEEDED,
-        recommendation={"winner": "chunk-512", "reasons": []},
+        recommendation={"winner": "chunk-256", "reasons": []},
         previous={str(workers[0].pk): {"desired_revision": None, "running_revision": previous.pk, "cordoned": False}},
     )
     response = operator.post(f"/api/v1/experiments/{experiment.pk}/adopt/", {}, format="json")
@@ -285,7 +337,7 @@ def test_adopting_the_recommended_arm_revises_the_profile_the_workers_ran(operat
     assert data["profile"] == previous.profile.name
     assert data["new_rollout_url"] == f"/rollouts/new/?revision={data['revision']}"
     revision = previous.profile.latest_revision()
-    assert revision.pk == data["revision"] and revision.fields["long_prefill_token_threshold"] == 512
+    assert revision.pk == data["revision"] and revision.fields["long_prefill_token_threshold"] == 256
     assert AuditEvent.objects.filter(action="experiment.adopt").exists()
     unknown = operator.post(f"/api/v1/experiments/{experiment.pk}/adopt/", {"arm": "nope"}, format="json")
     assert unknown.status_code == 400 and "arm" in unknown.json()

@@ -335,7 +335,7 @@ class Command(BaseCommand):
     def _compare(self, bare: dict[str, Any], arm: dict[str, Any], bench: dict[str, Any] | None) -> None:
         bare_tput, exp_tput = bare["output_throughput"], arm["output_throughput"]
         bare_stall = (bare["max_gap_ms"]["p99"] or 0) / 1000
-        exp_stall = arm["stall_p99"] or 0.0
+        exp_stall = arm["client_stall_p99"] or 0.0
         if bench is not None:
             bench_tput, bench_stall = bench["output_throughput_tps"] or 0.0, bench["stall_p99_seconds"] or 0.0
             tput_ratio = exp_tput / bench_tput if bench_tput else float("nan")
@@ -352,7 +352,7 @@ class Command(BaseCommand):
             )
             self.stdout.write(
                 f"{'TTFT P99 (ms)':28}{(bench['ttft_p99_seconds'] or 0) * 1000:14.1f}"
-                f"{(arm['ttft_p99'] or 0) * 1000:14.1f}"
+                f"{(arm['client_ttft_p99'] or 0) * 1000:14.1f}"
             )
         self.stdout.write(f"{'':28}{'bare replay':>14}{'experiment':>14}{'ratio':>8}")
         self.stdout.write(
@@ -364,7 +364,7 @@ class Command(BaseCommand):
             f"{exp_stall / bare_stall if bare_stall else float('nan'):8.3f}   (bound: within 20%)"
         )
         self.stdout.write(
-            f"{'TTFT P99 (ms)':28}{bare['ttft_ms']['p99'] or 0:14.1f}{(arm['ttft_p99'] or 0) * 1000:14.1f}"
+            f"{'TTFT P99 (ms)':28}{bare['ttft_ms']['p99'] or 0:14.1f}{(arm['client_ttft_p99'] or 0) * 1000:14.1f}"
         )
         overhead = 1 - exp_tput / bare_tput if bare_tput else float("nan")
         self.stdout.write(f"control-plane overhead: {overhead * 100:.1f}% of the bare throughput (bound: 5%)")
@@ -381,7 +381,7 @@ class Command(BaseCommand):
 
             self.stdout.write(
                 f"{arm.name:14}{mean('output_throughput'):10.1f}{mean('goodput'):10.2f}"
-                f"{mean('ttft_p99') * 1000:9.0f}ms{mean('stall_p99') * 1000:9.0f}ms"
+                f"{mean('client_ttft_p99') * 1000:9.0f}ms{mean('client_stall_p99') * 1000:9.0f}ms"
                 f"{mean('memory_peak_bytes') / 1e6:13.1f}" + (f"  {arm.status_label}: {arm.error}" if arm.error else "")
             )
         self.stdout.write("recommendation: " + "; ".join(exp.recommendation.get("reasons", [])))
