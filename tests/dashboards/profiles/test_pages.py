@@ -100,3 +100,19 @@ def test_new_vllm_profile_with_a_reference_only_knob_is_refused(operator_client:
     assert response.status_code == 200
     assert 'data-field-error="short_prompt_threshold"' in response.content.decode()
     assert not Profile.objects.filter(name="wrong").exists()
+
+
+def test_each_revision_names_who_made_it_a_seeded_one_the_system(operator_client: Client) -> None:
+    import re
+
+    seeded = make_profile("seeded", max_num_batched_tokens=512)  # no user: as the demo seeds it
+    form = {
+        **{k: ("" if v is None else v) for k, v in seeded.fields.items()},
+        "max_num_batched_tokens": 1024,
+        "comment": "by hand",
+    }
+    assert operator_client.post(f"/profiles/{seeded.profile_id}/edit/", form).status_code == 302
+    html = operator_client.get(f"/profiles/{seeded.profile_id}/").content.decode()
+    authors = [re.sub(r"<[^>]+>", "", a).strip() for a in re.findall(r"<td data-author>(.*?)</td>", html, re.S)]
+    user = seeded.profile.latest_revision().author
+    assert user is not None and authors == [user.get_username(), "system"]  # newest first
