@@ -22,8 +22,7 @@ from controlplane.advisor import conf
 from controlplane.advisor.models import FLEET, AdvisorReport, compute
 from controlplane.fleet.models import Pool
 from controlplane.metrics import query
-from controlplane.metrics.api import _time as parse_time
-from controlplane.metrics.api import unavailable
+from controlplane.metrics.api import parse_time, unavailable
 
 
 def brief(report: AdvisorReport) -> dict[str, object]:

@@ -161,7 +161,7 @@ class QueryRangeView(APIView):
         params = request.query_params
         try:
             args = _common(request)
-            end = _time(params.get("end"), "end") or timezone.now()
+            end = parse_time(params.get("end"), "end") or timezone.now()
             span = query.parse_duration(params.get("range", "1h"), "range")
             step = query.parse_duration(params["step"], "step") if params.get("step") else max(60.0, span / 120)
             f = args["figure"]
@@ -206,7 +206,7 @@ EARLIEST_END = datetime(1970, 1, 1, tzinfo=UTC)
 LATEST_END = datetime(9000, 1, 1, tzinfo=UTC)
 
 
-def _time(text: str | None, field: str) -> datetime | None:
+def parse_time(text: str | None, field: str) -> datetime | None:
     if not text:
         return None
     out_of_range = query.QueryError(field, f"must be between {EARLIEST_END:%Y} and {LATEST_END:%Y}")
