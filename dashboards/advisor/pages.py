@@ -72,7 +72,15 @@ def format_value(value: Any, unit: str) -> str:
     return f"{value:,.4g}" if isinstance(value, float) else f"{value:,}"
 
 
+# Suffixes a key carries for its unit, which the formatted value already says.
+UNIT_SUFFIXES = ("_seconds_per_token", "_bytes_per_token", "_seconds", "_bytes")
+
+
 def _label(key: str) -> str:
+    for suffix in UNIT_SUFFIXES:
+        if key.endswith(suffix) and key != suffix[1:]:
+            key = key.removesuffix(suffix)
+            break
     return key.replace("_", " ")
 
 

@@ -296,3 +296,18 @@ def test_hol_ratio_is_a_figure_an_alert_rule_can_read(clock) -> None:
     value = query.query("hol_ratio", 300, group_by="pool", now=at(300))["chunky"]
     assert value == pytest.approx((0.5 + 0.5 * 0.99) / (0.05 * 0.99))
     assert "hol_ratio" in sources.figure_names()
+
+
+def test_every_threshold_is_a_tunable_named_after_its_field() -> None:
+    from controlplane.advisor import conf
+    from controlplane.conf import declared
+
+    names = {t.name for t in declared(conf)}
+    for row in verdicts.THRESHOLDS:
+        assert f"ADVISOR_{row.field.upper()}" in names
+    defaults = inputs.thresholds()
+    assert defaults == verdicts.Thresholds()
+    with override_settings(ADVISOR_ACTIVATION_SHARE_HIGH=0.5, ADVISOR_MIN_GAPS=7):
+        changed = inputs.thresholds()
+    assert (changed.activation_share_high, changed.min_gaps) == (0.5, 7)
+    assert isinstance(changed.min_gaps, int)
