@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from django.core.exceptions import ObjectDoesNotExist
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import DataError
 from django.db.models import ProtectedError, RestrictedError
@@ -42,11 +43,20 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         return Response({"detail": f"the database refused a value: {str(exc).splitlines()[0]}"}, status=400)
     if isinstance(exc, (ProtectedError, RestrictedError)):
         objects = exc.protected_objects if isinstance(exc, ProtectedError) else exc.restricted_objects
-        holders = sorted({f"{obj._meta.verbose_name} {obj}" for obj in objects})
+        holders = sorted({_describe(obj) for obj in objects})
         return Response(
             {"detail": "still in use; remove or repoint these first.", "in_use_by": holders[:20]}, status=409
         )
     return drf_exception_handler(exc, context)
+
+
+def _describe(obj: Any) -> str:
+    """A holder for the 409's list. Its ``__str__`` may read a related or
+    deferred field of a row deleted since the check; the pk always stands."""
+    try:
+        return f"{obj._meta.verbose_name} {obj}"
+    except ObjectDoesNotExist:
+        return f"{obj._meta.verbose_name} {obj.pk}"
 
 
 class RefuseNulInQuery:

@@ -25,6 +25,7 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models import QuerySet
+from django.http import Http404
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import (
     OpenApiParameter,
@@ -349,10 +350,17 @@ class RolloutViewSet(
         )
 
     def perform_destroy(self, instance: Rollout) -> None:
-        if not instance.is_finished:
-            raise serializers.ValidationError({"non_field_errors": ["abort the rollout before deleting it."]})
         with transaction.atomic():
-            super().perform_destroy(instance)
+            # Lock first, then decide and collect what cascades: a reconcile
+            # that holds the row (a retry just asked for) finishes before this
+            # reads the rollout's phase and events, so no event it adds is
+            # left pointing at a deleted rollout (an IntegrityError, a 500).
+            locked = Rollout.objects.select_for_update().filter(pk=instance.pk).first()
+            if locked is None:
+                raise Http404("no such rollout (deleted meanwhile).")
+            if not locked.is_finished:
+                raise serializers.ValidationError({"non_field_errors": ["abort the rollout before deleting it."]})
+            super().perform_destroy(locked)
 
     def _reply(self, pk: str | None) -> Response:
         rollout = get_object_or_404(self.get_queryset(), pk=pk)
@@ -360,7 +368,10 @@ class RolloutViewSet(
 
     def _flag(self, request: Request, pk: str | None, flag: str) -> Response:
         rollout = get_object_or_404(Rollout, pk=pk)
-        rollout.request(flag, request.user)
+        try:
+            rollout.request(flag, request.user)
+        except Rollout.DoesNotExist as exc:  # deleted between the read and the claim
+            raise Http404("no such rollout (deleted meanwhile).") from exc
         return self._reply(pk)
 
     @extend_schema(request=ReasonSerializer, responses=RolloutSerializer)

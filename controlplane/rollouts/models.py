@@ -581,6 +581,8 @@ class Rollout(audit.Audited, models.Model):
                 **{field: True}, updated_at=timezone.now()
             )
             if not claimed:
+                if not Rollout.objects.filter(pk=self.pk).exists():
+                    raise Rollout.DoesNotExist(f"rollout {self.pk} was deleted")
                 self.refresh_from_db(fields=["phase"])
                 raise ValidationError({"non_field_errors": [f"cannot {verb} a rollout that is {self.phase_label}."]})
             setattr(self, field, True)
