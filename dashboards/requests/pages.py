@@ -17,8 +17,19 @@ from controlplane.gateway.facts import PREFILL_MODES
 from controlplane.gateway.models import RequestLog
 from workers.figures import PROMPT_BUCKETS
 
-CHART_WIDTH = 640
-CHART_HEIGHT = 90
+# The charts' drawing units; the SVGs scale to the page's width (viewBox).
+CHART_WIDTH = 1000
+CHART_HEIGHT = 110
+# The gap chart's left margin, for its axis labels.
+GAP_AXIS_WIDTH = 64
+# Label layout: the timeline's labels are set in rows below its axis, each
+# in the first row where it overlaps no other; widths are estimated from the
+# number of characters at the template's font size (12 px).
+LABEL_CHAR_PX = 7.2  # DejaVu Sans, the widest likely default, averages 0.6 em
+LABEL_GAP_PX = 8
+TIMELINE_AXIS_Y = 12
+TIMELINE_ROW_PX = 16
+TIMELINE_MARGIN_PX = 4
 
 
 def _kept(params: Mapping[str, str]) -> dict[str, str]:
@@ -64,40 +75,116 @@ class Bar:
 
 @dataclass(frozen=True)
 class Mark:
-    x: float
+    x: float  # the tick
     label: str
     at_seconds: float
     num_tokens: int | None
-    row: int  # which text line, so close labels do not overlap
+    row: int  # which text line, so that no two labels overlap
+    text_x: float  # where the label is anchored, kept inside the chart
+    anchor: str  # SVG text-anchor: start, middle or end
+    text_y: float
+
+    @property
+    def text_span(self) -> tuple[float, float]:
+        width = label_width(self.label)
+        left = {"start": self.text_x, "middle": self.text_x - width / 2, "end": self.text_x - width}[self.anchor]
+        return left, left + width
+
+
+@dataclass(frozen=True)
+class Timeline:
+    marks: list[Mark]
+    height: int
+    end_seconds: float
+
+
+@dataclass(frozen=True)
+class GapChart:
+    bars: list[Bar]
+    top_seconds: float  # the y axis' top
+    plot_left: int
+    plot_width: int
+    height: int
+
+
+def label_width(label: str) -> float:
+    return len(label) * LABEL_CHAR_PX
+
+
+def gap_chart(gaps: list[float]) -> GapChart:
+    """One bar per gap between tokens, to scale from 0 to the largest, right
+    of a y axis labelled 0 and the largest gap."""
+    top = max(gaps, default=0.0) or 1.0
+    plot_width = CHART_WIDTH - GAP_AXIS_WIDTH
+    width = plot_width / len(gaps) if gaps else 0.0
+    bars = [
+        Bar(
+            GAP_AXIS_WIDTH + i * width,
+            CHART_HEIGHT - g / top * CHART_HEIGHT,
+            max(width - 1, 0.5),
+            g / top * CHART_HEIGHT,
+            g,
+        )
+        for i, g in enumerate(gaps)
+    ]
+    return GapChart(bars, top, GAP_AXIS_WIDTH, plot_width, CHART_HEIGHT)
 
 
 def gap_bars(gaps: list[float]) -> list[Bar]:
-    if not gaps:
-        return []
-    top = max(gaps) or 1.0
-    width = CHART_WIDTH / len(gaps)
-    return [
-        Bar(i * width, CHART_HEIGHT - g / top * CHART_HEIGHT, max(width - 1, 0.5), g / top * CHART_HEIGHT, g)
-        for i, g in enumerate(gaps)
-    ]
+    return gap_chart(gaps).bars
 
 
 def timeline_marks(events: list[explorer.TimelineEvent]) -> list[Mark]:
+    return timeline_layout(events).marks
+
+
+def timeline_layout(events: list[explorer.TimelineEvent]) -> Timeline:
+    """Ticks on a time axis across the chart and each event's label below
+    it: centred on its tick where it fits, else flush with the chart's edge,
+    in the first row where it overlaps no label already placed."""
     end = max((e.at_seconds for e in events), default=0.0) or 1.0
-    return [
-        Mark(e.at_seconds / end * (CHART_WIDTH - 8) + 4, e.label, e.at_seconds, e.num_tokens, i % 3)
-        for i, e in enumerate(events)
-    ]
+    span = CHART_WIDTH - 2 * TIMELINE_MARGIN_PX
+    rows: list[list[tuple[float, float]]] = []
+    marks = []
+    for e in events:
+        x = e.at_seconds / end * span + TIMELINE_MARGIN_PX
+        width = label_width(e.label)
+        if x - width / 2 < 0:
+            text_x, anchor, left = 0.0, "start", 0.0
+        elif x + width / 2 > CHART_WIDTH:
+            text_x, anchor, left = float(CHART_WIDTH), "end", CHART_WIDTH - width
+        else:
+            text_x, anchor, left = x, "middle", x - width / 2
+        right = left + width
+        row = next(
+            (
+                i
+                for i, placed in enumerate(rows)
+                if all(right + LABEL_GAP_PX <= a or left >= b + LABEL_GAP_PX for a, b in placed)
+            ),
+            len(rows),
+        )
+        if row == len(rows):
+            rows.append([])
+        rows[row].append((left, right))
+        text_y = TIMELINE_AXIS_Y + 8 + (row + 1) * TIMELINE_ROW_PX
+        marks.append(Mark(x, e.label, e.at_seconds, e.num_tokens, row, text_x, anchor, text_y))
+    height = TIMELINE_AXIS_Y + 8 + (len(rows) + 1) * TIMELINE_ROW_PX + 6  # the rows, then the axis' ends
+    return Timeline(marks, height, end)
 
 
 def detail_context(row: RequestLog) -> dict[str, Any]:
     events = explorer.timeline(row)
     gaps = explorer.gaps(row)
+    layout = timeline_layout(events)
+    chart = gap_chart(gaps)
     return {
         "row": row,
         "events": events,
-        "marks": timeline_marks(events),
-        "bars": gap_bars(gaps),
+        "timeline": layout,
+        "marks": layout.marks,
+        "gap_chart": chart,
+        "bars": chart.bars,
         "num_gaps": len(gaps),
         "max_gap": max(gaps, default=None),
         "chart_width": CHART_WIDTH,

@@ -114,3 +114,35 @@ def test_the_rollout_page_links_to_its_canarys_chunked_requests(fleet: Fleet, vi
     listing = viewer_client.get(link).content.decode()
     assert f'href="/requests/{during.pk}/"' in listing
     assert f'href="/requests/{early.pk}/"' not in listing and f'href="/requests/{whole.pk}/"' not in listing
+
+
+def test_timeline_labels_never_overlap_and_stay_inside_the_chart() -> None:
+    from controlplane.gateway.explorer import TimelineEvent
+    from dashboards.requests.pages import CHART_WIDTH, timeline_layout
+
+    # close together at both ends, as a fast request's are: the old layout
+    # clipped "scheduled (left the queue)" at the left edge and stacked the rest
+    events = [
+        TimelineEvent("arrived", 0.0),
+        TimelineEvent("scheduled (left the queue)", 0.0004),
+        *(TimelineEvent(f"prefill chunk {i}", 0.001 * i, 32) for i in range(1, 6)),
+        TimelineEvent("first token", 0.0052),
+        TimelineEvent("ended", 0.4),
+    ]
+    layout = timeline_layout(events)
+    spans = [(m.row, *m.text_span) for m in layout.marks]
+    for row, left, right in spans:
+        assert 0 <= left and right <= CHART_WIDTH, (row, left, right)
+    for i, (row, left, right) in enumerate(spans):
+        for other_row, other_left, other_right in spans[i + 1 :]:
+            assert row != other_row or right <= other_left or other_right <= left, "labels overlap"
+    assert max(m.text_y for m in layout.marks) < layout.height
+    assert layout.marks[-1].anchor == "end" and layout.marks[0].anchor == "start"
+
+
+def test_the_gap_chart_has_an_axis_from_zero_to_the_largest_gap(fleet: Fleet, viewer_client: Client) -> None:
+    row = _log(fleet, "gappy", "stable", True, timeline={"chunks": [[0.003, 32]], "gaps": [0.01, 0.3, 0.02]})
+    html = viewer_client.get(f"/requests/{row.pk}/").content.decode()
+    gaps = html.split('<svg id="gaps"', 1)[1].split("</svg>", 1)[0]
+    assert 'data-axis="y"' in gaps and ">0.3000 s</text>" in gaps and ">0 s</text>" in gaps
+    assert 'data-axis="x"' in gaps and "gap 3 (in token order)" in gaps
