@@ -19,7 +19,10 @@ with the interval. Then, among the rest:
   so "0.304 req/s against 0.303" says nothing; the answer names the best
   measured and says what a winner would need;
 * the best score wins when its paired difference against every other
-  contender has an interval clear of zero;
+  contender has an interval clear of zero and is at least ``min_effect``
+  (5%) of that contender's score: a consistent 1% is not worth a rollout,
+  and two arms that behave alike (a chunk cap that never splits a prompt
+  against monolithic) must come out alike, not by the luck of the clock;
 * otherwise, among those it cannot be told from, throughput decides under
   the same rule;
 * otherwise **no significant winner**, a first-class outcome: the arms
@@ -41,6 +44,7 @@ from enum import StrEnum
 
 DEFAULT_REPEATS = 3
 MIN_REPEATS = 2  # pairs below this have no interval
+MIN_EFFECT = 0.05  # a winner is at least this much better (relative) than each arm it beats
 CONFIDENCE = 0.95
 NUM_RESAMPLES = 2000
 
@@ -178,6 +182,7 @@ def recommend(
     baseline: str | None = None,
     seed: int = 0,
     min_repeats: int = MIN_REPEATS,
+    min_effect: float = MIN_EFFECT,
 ) -> Recommendation:
     """See the design note. ``baseline``: the arm the others are set
     beside (default: the one named "baseline", else the first)."""
@@ -250,17 +255,20 @@ def recommend(
         )
 
     # The best score wins when it is clear of every other contender.
+    def clear(d: Difference, other: Sequence[float]) -> bool:
+        return d.significant and abs(d.mean) >= min_effect * abs(mean(other))
+
     gaps = {a.name: paired_difference(score(best), score(a), seed=seed) for a in ranked[1:]}
-    near = [a for a in ranked[1:] if not gaps[a.name].significant]
+    near = [a for a in ranked[1:] if not clear(gaps[a.name], score(a))]
     keep = " (the current profile: keep it)" if best.name == baseline else ""
     if not near:
-        runner = ranked[1]
+        second = ranked[1]
         return result(
             best.name,
             Outcome.WINNER,
             (
                 f"{best.name} has the highest {basis}{keep}: {mean(score(best)):.3g} {unit}; against the next, "
-                f"{runner.name}: {_interval(gaps[runner.name], unit)}",
+                f"{second.name}: {_interval(gaps[second.name], unit)}",
             ),
         )
     # Within each other's interval on the score: throughput, under the same rule.
@@ -268,15 +276,15 @@ def recommend(
     by_throughput = sorted(group, key=lambda a: mean(a.throughput), reverse=True)
     top = by_throughput[0]
     t_gaps = {a.name: paired_difference(top.throughput, a.throughput, seed=seed) for a in by_throughput[1:]}
-    if all(d.significant for d in t_gaps.values()):
-        runner = by_throughput[1]
+    if all(clear(t_gaps[a.name], a.throughput) for a in by_throughput[1:]):
+        second = by_throughput[1]
         return result(
             top.name,
             Outcome.WINNER,
             (
                 f"{', '.join(a.name for a in group)} cannot be told apart on {basis}; {top.name} has the highest "
-                f"throughput: {mean(top.throughput):.4g} tok/s; against {runner.name}: "
-                f"{_interval(t_gaps[runner.name], 'tok/s')}",
+                f"throughput: {mean(top.throughput):.4g} tok/s; against {second.name}: "
+                f"{_interval(t_gaps[second.name], 'tok/s')}",
             ),
         )
     tied = tuple(a.name for a in group)
@@ -285,7 +293,7 @@ def recommend(
         Outcome.NO_SIGNIFICANT_WINNER,
         (
             f"no significant winner: the paired differences of {', '.join(tied)} on {basis} and on throughput have "
-            f"95% intervals that include zero over {repeats} repeats; "
+            f"95% intervals that include zero, or are under {min_effect:.0%}, over {repeats} repeats; "
             + (f"keep {baseline}" if any(a.name == baseline for a in contenders) else "none is clearly better")
             + ", or run more repeats or longer arms to tell them apart",
         ),

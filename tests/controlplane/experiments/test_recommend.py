@@ -2,7 +2,7 @@
 of every arm replays the same requests): a clear winner; a tie built to be
 a tie (paired differences of both signs) said as "no significant winner";
 noisy repeats whose pairs all agree (a winner the spread over repeats alone
-would have hidden); throughput breaking a goodput tie; one repeat never
+would have hidden); a consistent difference too small to act on; throughput breaking a goodput tie; one repeat never
 naming a winner ("0.304 ± 0 vs 0.303"); objectives, failures and arms not
 comparable set aside; capacity deciding when measured in every repeat."""
 
@@ -91,11 +91,11 @@ CASES = [
     ),
     Case(
         "noisy repeats whose pairs all agree: the load's noise cancels out",
-        # The spreads overlap (1.0-3.0 against 1.1-3.1), yet in every repeat
-        # chunk-512 served 0.1 req/s more on the same requests.
-        (arm("baseline", (1.0, 2.0, 3.0)), arm("chunk-512", (1.1, 2.1, 3.1))),
+        # The spreads overlap (1.0-3.0 against 1.2-3.2), yet in every repeat
+        # chunk-512 served 0.2 req/s more on the same requests.
+        (arm("baseline", (1.0, 2.0, 3.0)), arm("chunk-512", (1.2, 2.2, 3.2))),
         "chunk-512",
-        says="against the next, baseline: +0.1 req/s",
+        says="against the next, baseline: +0.2 req/s",
     ),
     Case(
         "the best mean by a hair is no winner when one pair goes the other way",
@@ -104,6 +104,17 @@ CASES = [
         Outcome.NO_SIGNIFICANT_WINNER,
         tied=("chunk-512", "baseline"),
         says="keep baseline",
+    ),
+    Case(
+        "a consistent difference under 5% is no winner: arms that behave alike come out alike",
+        (
+            arm("baseline", (2.00, 2.10, 2.05), (100.0, 101.0, 99.0)),
+            arm("chunk-4096", (2.02, 2.12, 2.07), (101.0, 102.0, 100.0)),
+        ),
+        None,
+        Outcome.NO_SIGNIFICANT_WINNER,
+        tied=("baseline", "chunk-4096"),
+        says="or are under 5%",
     ),
     Case(
         "goodput tie broken by throughput in every pair",
