@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterable, Mapping
+import re
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
-from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane.metrics.promql import Floats
 from workers.figures import PROMPT_BUCKETS, prompt_bucket
@@ -199,28 +199,70 @@ def layout_for(bucket_bounds: Mapping[str, Iterable[float]]) -> Layout:
     return Layout(tuple(keys))
 
 
+_SAMPLE_LINE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\S+)?\s*$")
+_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
+_UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+
+
+def _unescape(value: str) -> str:
+    return re.sub(r'\\[\\"n]', lambda m: _UNESCAPE[m.group(0)], value) if "\\" in value else value
+
+
+def _kept_names() -> frozenset[str]:
+    names = {c.split("{", 1)[0] for c in COUNTERS} | set(GAUGES) | {PROFILE_INFO}
+    for histogram in (*HISTOGRAMS, *BY_PROMPT_HISTOGRAMS):
+        names.update(histogram + suffix for suffix in _HISTOGRAM_SUFFIXES)
+    return frozenset(names)
+
+
+def samples(text: str) -> Iterator[tuple[str, dict[str, str], float]]:
+    """The samples of a Prometheus text page that the kept series are made
+    of, as (name, labels, value). Reads only those lines' labels: a worker's
+    page is thousands of lines (fine buckets, per prompt-length bucket), and
+    a general parser spends most of a scrape round on lines nothing keeps."""
+    kept = _KEPT_NAMES
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        end = len(line)
+        for stop in ("{", " "):
+            i = line.find(stop)
+            if 0 <= i < end:
+                end = i
+        if line[:end] not in kept:
+            continue
+        match = _SAMPLE_LINE.match(line)
+        if match is None:
+            raise ValueError(f"not a Prometheus sample line: {line[:200]!r}")
+        name, inside, value = match.groups()
+        labels = {k: _unescape(v) for k, v in _LABEL.findall(inside)} if inside else {}
+        yield name, labels, float(value)
+
+
 def parse(text: str) -> Scrape:
     """Reduce Prometheus text to the kept series. Counters and histograms
     that the page lacks are 0 (nothing counted yet); missing gauges are NaN."""
     sums: dict[str, float] = {}
     bounds: dict[str, set[float]] = {}
     profile: dict[str, str] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == PROFILE_INFO and sample.value == 1:
-                profile = {k: v for k, v in sample.labels.items() if k not in ("model_name", "engine")}
-                continue
-            key = _sample_key(sample.name, sample.labels)
-            if key is None:
-                continue
-            if key.endswith("}") and "_bucket{le=" in key:
-                histogram = key.split("_bucket{le=", 1)[0].split("{prompt_bucket=", 1)[0]
-                bounds.setdefault(histogram, set()).add(float(sample.labels["le"]))
-            sums[key] = sums.get(key, 0.0) + float(sample.value)
+    for name, labels, value in samples(text):
+        if name == PROFILE_INFO:
+            if value == 1:
+                profile = {k: v for k, v in labels.items() if k not in ("model_name", "engine")}
+            continue
+        key = _sample_key(name, labels)
+        if key is None:
+            continue
+        if key.endswith("}") and "_bucket{le=" in key:
+            histogram = key.split("_bucket{le=", 1)[0].split("{prompt_bucket=", 1)[0]
+            bounds.setdefault(histogram, set()).add(float(labels["le"]))
+        sums[key] = sums.get(key, 0.0) + value
     layout = layout_for(bounds)
     values = np.array([sums.get(key, math.nan if key in _GAUGE_SET else 0.0) for key in layout.keys], dtype=np.float64)
     return Scrape(layout, values, profile)
 
+
+_KEPT_NAMES = _kept_names()
 
 # The prompt-length buckets (docs/architecture.md, "Metrics"), named as the engine's figures name them.
 LENGTH_BUCKET_LABELS: tuple[str, ...] = tuple(name for name, _ in PROMPT_BUCKETS)

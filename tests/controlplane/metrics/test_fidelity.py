@@ -315,3 +315,39 @@ def test_a_five_minute_window_with_a_minute_step_reads_raw_scrapes_too(viewer) -
             "fleet"
         ]
         assert len(values) == 21 and all(v is not None for v in values)
+
+
+# ---- the scrape parser keeps up with fine buckets ------------------------------------------
+
+
+def test_the_page_parser_reads_the_kept_samples_as_prometheus_client_does() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from controlplane.metrics import catalogue
+    from workers.engines.api import RequestMetrics
+    from workers.server.metrics import MetricsExporter
+
+    exporter = MetricsExporter(model_name="tiny", max_model_len=4096)
+    for i in range(5):
+        m = RequestMetrics(
+            arrival_time=0.0,
+            first_scheduled_time=0.001,
+            first_token_time=0.01 * (i + 1),
+            token_times=[0.01 * (i + 1), 0.01 * (i + 1) + 0.002, 0.01 * (i + 1) + 0.005],
+            finished_time=0.01 * (i + 1) + 0.005,
+            num_prompt_tokens=100 * (i + 1),
+            num_output_tokens=3,
+        )
+        exporter.on_request_finished(f"r{i}", m, "length")
+    page = exporter.render().decode() + (
+        # a label value with the characters the text format escapes
+        'chunkpilot:profile_info{engine="0",model_name="tiny",profile="a \\"b\\", {c}\\\\d",revision="3"} 1.0\n'
+    )
+    expected = [
+        (s.name, s.labels, s.value)
+        for family in text_string_to_metric_families(page)
+        for s in family.samples
+        if s.name in catalogue._KEPT_NAMES
+    ]
+    assert list(catalogue.samples(page)) == expected
+    assert catalogue.parse(page).profile == {"profile": 'a "b", {c}\\d', "revision": "3"}
