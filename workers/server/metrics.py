@@ -15,7 +15,7 @@ run since an abort freed blocks.
   (``chunkpilot:engine_request_max_gap_seconds``), beside the delivery
   health (merged deltas, delivery lag).
 * Head-of-line blocking (``chunkpilot:decode_gap_*``) is accounted per
-  request: each pair of consecutive tokens of one request is a gap, "long"
+  request, as delivered: each pair of consecutive tokens of one request is a gap, "long"
   if a step that ran a prefill of more than ``long_prefill_tokens`` (relative
   to the model's context, ``figures.long_prefill_tokens``) overlapped it.
   Time before a request's first token and idle time are never gaps.
@@ -263,21 +263,28 @@ OVERLAP_EPSILON_SECONDS = 1e-6
 
 class _LongSteps:
     """The (start, end) of recent steps that ran a long prefill, in order of
-    their end, for telling each request's gaps apart (engine thread)."""
+    their end, for telling each request's gaps apart: added on the engine
+    thread, read on the server's event loop."""
 
     def __init__(self) -> None:
         self.starts: list[float] = []
         self.ends: list[float] = []
+        self._lock = threading.Lock()
 
     def add(self, start: float, end: float) -> None:
-        self.starts.append(start)
-        self.ends.append(end)
-        cut = max(bisect_left(self.ends, end - LONG_STEP_MEMORY_SECONDS), len(self.ends) - LONG_STEP_MEMORY_COUNT)
-        if cut > 0:
-            del self.starts[:cut], self.ends[:cut]
+        with self._lock:
+            self.starts.append(start)
+            self.ends.append(end)
+            cut = max(bisect_left(self.ends, end - LONG_STEP_MEMORY_SECONDS), len(self.ends) - LONG_STEP_MEMORY_COUNT)
+            if cut > 0:
+                del self.starts[:cut], self.ends[:cut]
 
-    def overlaps(self, a: float, b: float) -> bool:
-        """Whether a long-prefill step ran during (a, b)."""
+    def flags(self, times: Sequence[float]) -> list[bool]:
+        """For each gap between consecutive ``times``, whether a long-prefill step overlapped it."""
+        with self._lock:
+            return [self._overlaps(a, b) for a, b in zip(times, times[1:], strict=False)]
+
+    def _overlaps(self, a: float, b: float) -> bool:
         i = bisect_right(self.ends, a + OVERLAP_EPSILON_SECONDS)  # the first step ending after a
         # Steps end in order and start in order, so the first one ending after
         # ``a`` is the first candidate; later ones start no earlier.
@@ -358,17 +365,19 @@ class MetricsExporter:
         )
         self.steps = Counter("chunkpilot:steps", "Engine steps.", LABELS, registry=r).labels(*self._labels)
         # Head-of-line blocking, per request: the gap between two consecutive
-        # tokens of one request (engine times), split by whether a step that
-        # ran a long prefill overlapped it (engines whose steps say so:
-        # StepMetrics.max_prefill_tokens). Observed when the request finishes.
+        # tokens of one request as delivered (written times; a whole reply's
+        # engine times), split by whether a step that ran a long prefill
+        # overlapped it (engines whose steps say so: StepMetrics.max_prefill_tokens).
+        # Observed when the request's response ends.
         self.gap_long = fine(
             "chunkpilot:decode_gap_long_prefill_seconds",
-            "Per pair of consecutive tokens of one request, the gap between them when a step with a prefill of "
-            "more than chunkpilot:long_prefill_tokens tokens ran during it.",
+            "Per pair of consecutive tokens of one request as delivered, the gap between them when a step with "
+            "a prefill of more than chunkpilot:long_prefill_tokens tokens ran during it.",
         )
         self.gap_other = fine(
             "chunkpilot:decode_gap_other_seconds",
-            "Per pair of consecutive tokens of one request, the gap between them when no long prefill ran during it.",
+            "Per pair of consecutive tokens of one request as delivered, the gap between them when no long prefill "
+            "ran during it.",
         )
         self.long_prefill_steps = Counter(
             "chunkpilot:long_prefill_steps",
@@ -541,7 +550,7 @@ class MetricsExporter:
 
     def _observe_gaps(self, step: StepMetrics, end: float) -> None:
         """Remember a step that ran a long prefill; the gaps it lengthened are
-        told apart when their requests finish (``_observe_request_gaps``)."""
+        told apart when their requests' responses end (``_observe_request_gaps``)."""
         if step.max_prefill_tokens is None:
             return
         self._steps_say_prefill = True
@@ -550,15 +559,15 @@ class MetricsExporter:
             self._long_steps.add(step.start_time, end)
 
     def _observe_request_gaps(self, m: RequestMetrics) -> None:
-        """Each gap between two consecutive tokens of the request, as a
-        long-prefill one if a long-prefill step overlapped it. Before the
-        first token there is no gap; idle time falls in no request's gap."""
+        """Each gap between two consecutive tokens of the request (as
+        delivered), as a long-prefill one if a long-prefill step overlapped
+        it. Before the first token there is no gap; idle time falls in no
+        request's gap."""
         if not self._steps_say_prefill:
             return
         t = m.token_times
-        for i in range(1, len(t)):
-            histogram = self.gap_long if self._long_steps.overlaps(t[i - 1], t[i]) else self.gap_other
-            histogram.observe(t[i] - t[i - 1])
+        for i, long in enumerate(self._long_steps.flags(t), start=1):
+            (self.gap_long if long else self.gap_other).observe(t[i] - t[i - 1])
 
     def memory_figures(self) -> dict[str, float]:
         """Weights, KV bytes per token and activation bytes per prefill token
@@ -598,6 +607,7 @@ class MetricsExporter:
         if (stall := figures.max_gap_seconds(m)) is not None:
             self.max_gap.observe(stall)
             self.by_prompt[BY_PROMPT_MAX_GAP].labels(*self._labels, bucket).observe(stall)
+        self._observe_request_gaps(m)
 
     def on_request_finished(self, request_id: str, metrics: RequestMetrics, finish_reason: str) -> None:
         if (gap := figures.max_gap_seconds(metrics)) is not None:
@@ -606,7 +616,6 @@ class MetricsExporter:
             self.by_prompt[BY_PROMPT_PREFILL].labels(
                 *self._labels, figures.prompt_bucket(metrics.num_prompt_tokens)
             ).observe(metrics.first_token_time - metrics.first_scheduled_time)
-        self._observe_request_gaps(metrics)
         if self._native is not None:
             return
         m = metrics

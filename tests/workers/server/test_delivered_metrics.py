@@ -22,7 +22,7 @@ from controlplane.metrics.promql import histogram_quantile
 from tests.workers.server.support import ThreadedServer, get, metric_value, wait_until
 from workers import engines, figures
 from workers.engines import stream
-from workers.engines.api import CompletionOutput, RequestMetrics, RequestOutput
+from workers.engines.api import CompletionOutput, RequestMetrics, RequestOutput, StepMetrics
 from workers.profile import EngineProfile
 from workers.server.app import build_app
 from workers.server.host import EngineHost, RunningProfile
@@ -91,6 +91,24 @@ def test_long_prefill_threshold_is_relative_to_the_models_context() -> None:
     assert figures.long_prefill_tokens(512) == 64  # never below 64
 
 
+def long_step(*, start: float, end: float) -> StepMetrics:
+    return StepMetrics(
+        start_time=start,
+        duration_seconds=end - start,
+        num_prefill_tokens=2000,
+        num_decode_tokens=0,
+        num_running=1,
+        num_waiting=0,
+        num_blocks_held=1,
+        num_tokens_stored=16,
+        block_size=16,
+        num_blocks_total=100,
+        memory_bytes=1000,
+        peak_memory_bytes=1000,
+        max_prefill_tokens=2000,
+    )
+
+
 def test_streamed_figures_come_from_the_written_events_and_the_engines_stay_beside() -> None:
     exporter = MetricsExporter(model_name="tiny", max_model_len=4096)
     # the engine made four tokens 10 ms apart; the loop fell behind and wrote the last three as one event
@@ -103,6 +121,8 @@ def test_streamed_figures_come_from_the_written_events_and_the_engines_stay_besi
         num_output_tokens=4,
     )
     exporter.on_request_finished("r", m, "length")
+    # a step with a long prefill (2,000 tokens on a 4,096-token model) ran between the two events
+    exporter.on_step(long_step(start=1.03, end=1.4))
     exporter.observe_delivered(m, [(1.005, 1), (1.5, 3)])
     text = exporter.render().decode()
     assert metric_value(text, "chunkpilot:time_to_first_token_seconds_sum") == pytest.approx(0.505)
@@ -117,6 +137,11 @@ def test_streamed_figures_come_from_the_written_events_and_the_engines_stay_besi
     # write time minus the production time of the event's newest token
     assert metric_value(text, "chunkpilot:delivery_lag_seconds_count") == 2
     assert metric_value(text, "chunkpilot:delivery_lag_seconds_sum") == pytest.approx(0.005 + 0.47)
+    # head-of-line gaps as delivered: the stall had a long prefill in it; the merged tokens' gaps did not
+    assert metric_value(text, "chunkpilot:decode_gap_long_prefill_seconds_count") == 1
+    assert metric_value(text, "chunkpilot:decode_gap_long_prefill_seconds_sum") == pytest.approx(0.495)
+    assert metric_value(text, "chunkpilot:decode_gap_other_seconds_count") == 2
+    assert metric_value(text, "chunkpilot:decode_gap_other_seconds_sum") == 0.0
     # the engine's own view: 10-ms gaps
     assert metric_value(text, "chunkpilot:engine_request_max_gap_seconds_sum") == pytest.approx(0.01)
     assert metric_value(text, "chunkpilot:request_prefill_time_by_prompt_seconds_sum", prompt_bucket="<=512") == (

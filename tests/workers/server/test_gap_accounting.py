@@ -125,10 +125,9 @@ def test_idle_time_and_the_wait_for_a_first_token_are_never_gaps(served: str) ->
     )
     assert increase(before, after, GAPS[0])[math.inf] == 0  # no long prefill ran while either decoded
     assert counts[math.inf] == (8 - 1) + (16 - 1)  # one gap per pair of consecutive tokens of one request
-    # An engine gap can exceed the client's by how late the gap's first token
-    # was delivered (the response's start, a busy loop): tens of ms on a
-    # loaded machine, never the idle spell.
-    assert largest_observed_at_least(counts) <= largest_client_gap + max(0.05, largest_client_gap / 2) < IDLE / 2
+    # The worker's gaps are its written events' (the client receives them a
+    # little later, each by its own few ms on a loaded machine): never the idle spell.
+    assert largest_observed_at_least(counts) <= largest_client_gap + 0.025 < IDLE / 2
     assert metric_value(after, "chunkpilot:long_prefill_tokens") == figures.long_prefill_tokens(MAX_MODEL_LEN)
     assert metric_value(after, "chunkpilot:max_model_len") == MAX_MODEL_LEN
     assert (metric_value(after, "chunkpilot:long_prefill_steps_total") or 0) > (
@@ -138,8 +137,8 @@ def test_idle_time_and_the_wait_for_a_first_token_are_never_gaps(served: str) ->
 
 @pytest.mark.slow
 def test_the_engines_gap_histogram_agrees_with_its_clients_at_p99(served: str) -> None:
-    """Requests decoding while long prompts of various lengths arrive one
-    after another: the P99 of the engine's gap histogram (both halves) is
+    """Two requests decoding while long prompts of various lengths arrive one
+    after another: the P99 of the worker's gap histogram (both halves) is
     within 10% of the exact P99 of the same requests' gaps at the client."""
     url, rng = served, random.Random(99)
     stream(url, prompt_of(300, rng), 2)  # warm up
@@ -148,14 +147,14 @@ def test_the_engines_gap_histogram_agrees_with_its_clients_at_p99(served: str) -
     decoding = threading.Event()
 
     def decoder(i: int) -> None:
-        results[f"decode-{i}"] = stream(url, prompt_of(16, random.Random(i)), 300)
+        results[f"decode-{i}"] = stream(url, prompt_of(16, random.Random(i)), 400)
         decoding.set()
 
-    threads = [threading.Thread(target=decoder, args=(i,)) for i in range(4)]
+    threads = [threading.Thread(target=decoder, args=(i,)) for i in range(2)]
     for t in threads:
         t.start()
     time.sleep(0.3)
-    for j, length in enumerate(rng.sample(range(400, 2400, 100), 12)):
+    for j, length in enumerate(rng.sample(range(400, 2400, 50), 24)):
         if decoding.is_set():
             break
         results[f"long-{j}"] = stream(url, prompt_of(length, rng), 4)

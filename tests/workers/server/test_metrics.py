@@ -264,8 +264,8 @@ def test_decode_gaps_are_each_requests_own_split_by_whether_a_long_prefill_ran_d
     decoding = RequestMetrics(arrival_time=99.0, token_times=[100.0, 100.5, 103.5, 104.0, 104.5], num_output_tokens=5)
     # the long prompt itself: its first token came out of the 103.0 step; before it there is no gap
     long_one = RequestMetrics(arrival_time=100.2, token_times=[103.0, 103.5], num_output_tokens=2)
-    exporter.on_request_finished("a", decoding, "length")
-    exporter.on_request_finished("b", long_one, "length")
+    exporter.observe_delivered(decoding, None)
+    exporter.observe_delivered(long_one, None)
     text = exporter.render().decode()
     assert metric_value(text, "chunkpilot:decode_gap_long_prefill_seconds_count") == 2  # 100.5→103.5, 103.5→104.0
     assert metric_value(text, "chunkpilot:decode_gap_long_prefill_seconds_sum") == 3.0 + 0.5
@@ -282,11 +282,11 @@ def test_idle_time_and_the_wait_for_a_first_token_are_never_gaps():
     exporter, _ = exporter_with_engine(Clock(200.0))
     exporter.on_step(gap_step(100.0, prefill=20, decode=0, longest=20))
     exporter.on_step(gap_step(100.5, decode=1))
-    exporter.on_request_finished("short", RequestMetrics(arrival_time=99.4, token_times=[100.0, 100.5]), "length")
+    exporter.observe_delivered(RequestMetrics(arrival_time=99.4, token_times=[100.0, 100.5]), None)
     # 30 s of nothing, then a long prompt prefilled whole and decoded
     exporter.on_step(gap_step(132.0, prefill=2000, decode=0, longest=2000))
     exporter.on_step(gap_step(132.5, decode=1))
-    exporter.on_request_finished("long", RequestMetrics(arrival_time=131.0, token_times=[132.0, 132.5]), "length")
+    exporter.observe_delivered(RequestMetrics(arrival_time=131.0, token_times=[132.0, 132.5]), None)
     text = exporter.render().decode()
     assert metric_value(text, "chunkpilot:decode_gap_long_prefill_seconds_count") == 0
     assert metric_value(text, "chunkpilot:decode_gap_other_seconds_count") == 2
@@ -297,6 +297,7 @@ def test_an_engine_that_does_not_say_what_prefill_ran_gets_no_gap_figures():
     exporter, _ = exporter_with_engine(Clock(200.0))
     for end in (100.0, 100.5, 101.0):
         exporter.on_step(step(end - 0.5))  # max_prefill_tokens unknown
+    exporter.observe_delivered(RequestMetrics(arrival_time=99.0, token_times=[100.0, 100.5, 101.0]), None)
     text = exporter.render().decode()
     assert metric_value(text, "chunkpilot:decode_gap_other_seconds_count") == 0
     assert metric_value(text, "chunkpilot:decode_gap_long_prefill_seconds_count") == 0

@@ -61,6 +61,13 @@ def test_a_prompt_runs_in_budget_sized_chunks_and_each_chunk_wait_is_recorded(se
         delta("chunkpilot:step_tokens_total", kind="decode") == 1
     )  # the second token; the first came with the prefill
     assert delta("vllm:prompt_tokens_total") == 300  # vLLM's own count agrees
+    # 300 tokens to compute is long on a 2,048-token model (more than 128): each of its steps ran a long
+    # prefill; its one gap (first to second token) came after them, so it is not a long-prefill gap
+    assert metric_value(after, "chunkpilot:long_prefill_tokens") == 128
+    assert delta("chunkpilot:long_prefill_steps_total") == 3
+    assert delta("chunkpilot:decode_gap_other_seconds_count") == 1
+    assert delta("chunkpilot:decode_gap_long_prefill_seconds_count") == 0
+    assert delta("chunkpilot:time_to_first_token_seconds_count") == 1  # a whole reply: the engine's times
 
 
 @pytest.mark.vllm
