@@ -237,3 +237,72 @@ def test_progress_is_pushed_to_the_open_page() -> None:
     html = run(scenario)
     assert html.startswith('<div id="experiment-live" hx-swap-oob="true"')
     assert "arm 2 of 5 (chunk-256): repeat 1 of 1" in html and "42" in html
+
+
+def measured_experiment(shares: dict[str, float], goodputs: dict[str, tuple[float, ...]]) -> Experiment:
+    """Two arms with stored repeats that sent the workload's rate, with
+    these prefix-hit shares and goodputs, finished and judged."""
+    workload = Workload.from_scenario(name="lt", scenario="long-tail", rate=2.0, duration_seconds=60)
+    spec = workload.workload_spec()
+    arms = [
+        {"name": "baseline", "fields": {"prefill_mode": "monolithic", "max_num_batched_tokens": 2048}},
+        {"name": "chunk-256", "fields": {"max_num_batched_tokens": 512, "long_prefill_token_threshold": 256}},
+    ]
+    exp = Experiment.create(name="c", workload=workload, workers=[lab_worker()], arms=arms, duration_seconds=10)
+    sent = round(spec.rate_per_second * 10)
+    for arm in exp.arms.all():
+        arm.results = [
+            {
+                "repeat": r,
+                "client": {"num_requests": sent, "successful_requests": sent},
+                "figures": {
+                    "goodput": g,
+                    "output_throughput": 100.0,
+                    "client_ttft_p99": 0.1,
+                    "client_tpot_p99": 0.01,
+                    "client_stall_p99": 0.05,
+                    "prefix_hit_share": shares[arm.name],
+                    "prefix_cache_queries": 1000.0,
+                },
+            }
+            for r, g in enumerate(goodputs[arm.name])
+        ]
+        arm.status = ArmStatus.SUCCEEDED
+        arm.save()
+    from controlplane.experiments.runner import recommendation
+
+    Experiment.objects.filter(pk=exp.pk).update(phase=Phase.SUCCEEDED, recommendation=recommendation(exp))
+    return Experiment.objects.get(pk=exp.pk)
+
+
+def test_each_arm_shows_its_conditions_beside_the_workloads_and_one_far_off_is_not_comparable(
+    viewer_client: Client,
+) -> None:
+    # The second arm found its prompts cached (98% hits against the workload's share).
+    exp = measured_experiment({"baseline": None, "chunk-256": 0.98}, {"baseline": (1.0,) * 3, "chunk-256": (5.0,) * 3})
+    spec = exp.workload.workload_spec()
+    html = viewer_client.get(f"/experiments/{exp.pk}/").content.decode()
+    table = re.search(r'<table class="grid" id="experiment-conditions">(.*?)</table>', html, re.S).group(1)
+    sent = round(spec.rate_per_second * 10)
+    row = re.search(r'<tr data-arm="chunk-256" class="not-comparable">(.*?)</tr>', table, re.S).group(1)
+    assert f"<td data-sent>{3 * sent}</td>" in row and f"<td data-completed>{3 * sent}</td>" in row
+    assert "98%" in row and "data-not-comparable" in row and "against the workload" in row
+    baseline = re.search(r'<tr data-arm="baseline">(.*?)</tr>', table, re.S).group(1)
+    assert "data-not-comparable" not in baseline
+    assert f"{sent / 10:.3f}" in baseline  # achieved rate, requests/s
+    assert f"{spec.rate_per_second:.3f}" in table  # the workload's own, beside them
+    assert exp.recommendation["winner"] == "baseline" and "chunk-256" in exp.recommendation["broke"]
+
+
+def test_a_tie_says_no_significant_winner_and_the_plot_says_what_backs_each_point(viewer_client: Client) -> None:
+    exp = measured_experiment(
+        {"baseline": None, "chunk-256": None}, {"baseline": (1.0, 1.2, 1.1), "chunk-256": (1.1, 1.1, 1.1)}
+    )
+    html = viewer_client.get(f"/experiments/{exp.pk}/").content.decode()
+    assert 'data-outcome="no_significant_winner"' in html and "data-winner>none<" in html
+    assert 'id="experiment-versus-baseline"' in html and "not told apart" in html
+    sent = 3 * round(exp.workload.workload_spec().rate_per_second * 10)
+    data = json.loads(re.search(r'id="experiment-plot-data">(.*?)</script>', html, re.S).group(1))
+    assert data["requests"] == [sent] and data["baseline"]["requests"] == sent
+    points = re.search(r'id="experiment-plot-requests">(.*?)</p>', html, re.S).group(1)
+    assert f"chunk-256 {sent} over 3 repeats" in points and f"baseline {sent} over 3 repeats" in points
