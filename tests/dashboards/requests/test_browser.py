@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.utils import timezone
 from playwright.sync_api import expect
 
 from controlplane.accounts.roles import Role
@@ -94,3 +95,37 @@ def test_filter_to_a_rollouts_canary_chunked_requests_open_one_and_see_its_timel
     box = page.locator("#gaps").bounding_box()
     assert box is not None and box["width"] > 100 and box["height"] > 20  # drawn, not collapsed
     expect(page.locator("#facts")).to_contain_text("yes, 3 chunks")
+
+
+def test_the_requests_pages_never_scroll_sideways_at_1440_px(browser: Any, web: str) -> None:
+    """The filter bar wraps and a wide table scrolls in its own box: the
+    page is no wider than the window, and the dark navigation spans it."""
+    fleet = make_fleet(num_stable=1, num_canary=1)
+    row = RequestLog.objects.create(
+        request_id="a-rather-long-request-id-0123456789abcdef",
+        created_at=timezone.now(),
+        model=fleet.table.model,
+        cohort="stable",
+        pool=fleet.stable,
+        worker=fleet.workers["stable"][0],
+        status=200,
+        prefill_mode="chunked",
+        prompt_split=True,
+        num_prefill_chunks=3,
+        ttft_seconds=0.1,
+        timeline={"chunks": [[0.01, 300], [0.09, 300], [0.17, 300]], "gaps": [0.02, 0.25, 0.03]},
+    )
+    context = browser.new_context(viewport={"width": 1440, "height": 900})
+    try:
+        page = context.new_page()
+        sign_in(page, web, Role.VIEWER, "/requests/")
+        for path in ("/requests/", f"/requests/{row.pk}/"):
+            page.goto(f"{web}{path}")
+            widths = page.evaluate(
+                """() => ({page: document.documentElement.scrollWidth, window: window.innerWidth,
+                          nav: document.querySelector('.topbar').getBoundingClientRect().width})"""
+            )
+            assert widths["page"] <= widths["window"], (path, widths)
+            assert widths["nav"] == widths["page"], (path, widths)
+    finally:
+        context.close()
