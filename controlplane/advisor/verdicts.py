@@ -108,8 +108,8 @@ class Thresholds:
     hol_ratio: float = _row(
         2.0,
         "times",
-        "decode stalls: when every gap misses the TBT objective, long prefills are the cause only if "
-        "their gap P99 is this many times the rest",
+        "decode stalls: when the gaps without long prefills miss the TBT objective too, the report notes "
+        "long prefills making them this many times worse",
     )
     chunk_too_small_drop: float = _row(
         0.15, "share", "chunk too small: throughput per worker this share below the baseline"
@@ -613,9 +613,10 @@ def memory(inputs: Inputs, t: Thresholds) -> Finding:
 
 
 def stalls(gaps: Gaps, decode: Decode, t: Thresholds) -> tuple[Stall, Finding]:
-    """Do long prefills push the decode gap P99 past the TBT objective? Also
-    whether anything else breaks it (the P99 of the other gaps, or of each
-    request's largest gap), which chunked prefill alone would not fix."""
+    """Do long prefills push the decode gap P99 past the TBT objective (the
+    gaps during them past it, the others inside it)? Else whether anything
+    else breaks it (the P99 of the other gaps, or of each request's largest
+    gap), which chunked prefill alone would not fix."""
     long_p99, other_p99, tbt = gaps.long_prefill_p99_seconds, gaps.other_p99_seconds, decode.tbt_objective_seconds
     ratio = long_p99 / other_p99 if long_p99 is not None and other_p99 else None
     figures = {
@@ -654,29 +655,28 @@ def stalls(gaps: Gaps, decode: Decode, t: Thresholds) -> tuple[Stall, Finding]:
     )
     if not tbt:
         return Stall.UNKNOWN, ask.not_enough(0, figures, "No TBT objective to judge the decode gaps against.")
-    if enough_long and long_p99 is not None and long_p99 > tbt:
-        other_too = enough_other and other_p99 is not None and other_p99 > tbt
-        if not other_too or (ratio is not None and ratio >= t.hol_ratio):
-            return Stall.LONG_PREFILL, ask.yes(
-                gaps.num_long_prefill,
-                figures,
-                f"While a prefill {long_label} runs, the P99 gap between a decoding request's tokens is "
-                f"{_seconds(long_p99)}, past the TBT objective of {_seconds(tbt)} ({gaps.num_long_prefill} gaps); "
-                f"otherwise it is {_seconds(other_p99)}{approx}.",
-            )
-        return Stall.OTHER, ask.no(
-            max(gaps.num_other, decode.num_stall_requests),
-            figures,
-            f"Decodes miss the TBT objective of {_seconds(tbt)} without long prefills too (gap P99 "
-            f"{_seconds(other_p99)} otherwise, {_seconds(long_p99)} during them: {ratio or 0:.1f}×, under "
-            f"{t.hol_ratio:g}×){approx}: long prefills are not what breaks it.",
-        )
+    # Long prefills push the gaps past the objective only if the gaps without them stay inside it:
+    # when those miss it too, no chunking can meet it.
     if enough_other and other_p99 is not None and other_p99 > tbt:
+        worse = ""
+        if enough_long and ratio is not None and ratio >= t.hol_ratio:
+            worse = (
+                f" Long prefills make it {ratio:.1f}× worse ({_seconds(long_p99)}; threshold {t.hol_ratio:g}×): "
+                "chunking would shorten those stalls, not meet the objective."
+            )
         return Stall.OTHER, ask.no(
             gaps.num_other,
             figures,
-            f"Decodes miss the TBT objective of {_seconds(tbt)} without long prefills: the gap P99 is "
-            f"{_seconds(other_p99)} while none runs{approx}. Chunked prefill alone will not fix that.",
+            f"Decodes miss the TBT objective of {_seconds(tbt)} even while no long prefill runs: the gap P99 is "
+            f"{_seconds(other_p99)} then{approx}, so chunked prefill alone cannot meet it.{worse}",
+        )
+    if enough_long and long_p99 is not None and long_p99 > tbt:
+        return Stall.LONG_PREFILL, ask.yes(
+            gaps.num_long_prefill,
+            figures,
+            f"While a prefill {long_label} runs, the P99 gap between a decoding request's tokens is "
+            f"{_seconds(long_p99)}, past the TBT objective of {_seconds(tbt)} ({gaps.num_long_prefill} gaps); "
+            f"otherwise it is {_seconds(other_p99)}{approx}.",
         )
     if enough_stall and decode.stall_p99_seconds is not None and decode.stall_p99_seconds > tbt:
         if gaps.num_long_prefill and not enough_long:
