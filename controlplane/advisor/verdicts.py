@@ -1360,6 +1360,8 @@ def advise(inputs: Inputs, t: Thresholds) -> Report:
 def _seconds(value: float | None) -> str:
     if value is None:
         return "unknown"
+    if value < 1e-3:
+        return f"{value * 1e6:.3g} µs"
     return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
 
 

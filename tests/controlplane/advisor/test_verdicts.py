@@ -116,7 +116,7 @@ def model(max_model_len: int, *, spt: float | None = None) -> Engine:
         (inputs(engine=model(4096)), 1024, "fills more than 25% of the 4,096-token context"),
         (inputs(engine=model(131_072)), 32_768, "131,072-token context"),
         # a prefill that alone takes longer than the TBT objective: 0.1 s / 200 µs = 500 tokens
-        (inputs(engine=model(131_072, spt=200e-6)), 500, "would take longer than the TBT objective"),
+        (inputs(engine=model(131_072, spt=200e-6)), 500, "(200 µs per token) would take longer than the TBT"),
         # on a chunked pool, more than 4 chunk caps of 128
         (inputs(engine=model(4096), profile=Profile("chunked", 256, 128, 8)), 512, "more than 4 chunk caps of 128"),
         # a monolithic pool's cap does not count
