@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models, transaction
-from django.db.models import Max, Q
+from django.db.models import Max, Q, QuerySet
 from django.utils import timezone
 
 from controlplane import audit, live
@@ -341,6 +341,14 @@ class ExperimentQuerySet(models.QuerySet["Experiment"]):
     def overdue(self, now: datetime) -> ExperimentQuerySet:
         """Unfinished experiments nobody holds: their task was lost."""
         return self.active().filter(Q(lease_until__isnull=True) | Q(lease_until__lt=now))
+
+
+def arm_profile_ids() -> QuerySet[Experiment, Any]:
+    """The profiles that hold experiments' arms (``experiment-N``, one
+    revision per arm): the lab's, not the fleet's, so the profiles list and
+    the rollout target leave them out. An adopted arm becomes a revision of
+    a profile of the fleet's (``Experiment.adopt``) and is listed there."""
+    return Experiment.objects.exclude(profile=None).values("profile")
 
 
 class Experiment(audit.Audited, models.Model):

@@ -57,6 +57,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from controlplane import audit
+from controlplane.audit.models import AuditEvent
 from controlplane.experiments import conf, measure
 from controlplane.experiments.capacity import RampPoint, ramp_finished, serving_capacity
 from controlplane.experiments.models import Arm, ArmStatus, Experiment, Phase
@@ -278,8 +279,18 @@ def run_arm(exp: Experiment, arm: Arm, lease: Lease, repeat: int | None) -> None
     """One step of one arm: its repeat ``repeat``, or (None) its ramp and
     its finish once every repeat is in."""
     now = timezone.now()
+    # A runner starts an arm once, and again only to resume a repeat that an
+    # earlier runner started and lost: each arm's steps interleave with the others'.
+    resumed = (
+        repeat is not None
+        and AuditEvent.objects.filter(
+            action="experiment.arm_started", object_id=str(exp.pk), after__arm=arm.name, after__repeat=repeat
+        ).exists()
+    )
     Arm.objects.filter(pk=arm.pk).update(
-        status=ArmStatus.RUNNING, attempts=F("attempts") + 1, started_at=arm.started_at or now
+        status=ArmStatus.RUNNING,
+        attempts=F("attempts") + (1 if arm.status == ArmStatus.PENDING or resumed else 0),
+        started_at=arm.started_at or now,
     )
     arm.refresh_from_db()
     num_arms = exp.arms.count()

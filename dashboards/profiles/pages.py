@@ -6,12 +6,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from controlplane.experiments.models import arm_profile_ids
 from controlplane.profiles.models import Profile, ProfileRevision, diff_revisions
 
 
 def list_context() -> dict[str, Any]:
     rows = []
-    for profile in Profile.objects.prefetch_related("revisions__pools", "revisions__author"):
+    # Experiments' arm profiles are the lab's, not the fleet's (issue 26).
+    listed = Profile.objects.exclude(pk__in=arm_profile_ids())
+    for profile in listed.prefetch_related("revisions__pools", "revisions__author"):
         revisions = sorted(profile.revisions.all(), key=lambda r: r.revision)
         pools = sorted({pool.name for r in revisions for pool in r.pools.all()})
         rows.append({"profile": profile, "latest": revisions[-1] if revisions else None, "pools": pools})

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from django import forms
 
+from controlplane.experiments.models import arm_profile_ids
 from controlplane.fleet.models import Pool
 from controlplane.gateway.models import RoutingTable
 from controlplane.profiles.models import ProfileRevision
@@ -14,7 +15,9 @@ from controlplane.rollouts.models import AnalysisTemplate
 
 class RolloutForm(forms.Form):
     target_revision = forms.ModelChoiceField(
-        queryset=ProfileRevision.objects.select_related("profile").order_by("profile__name", "-revision"),
+        queryset=ProfileRevision.objects.exclude(profile__in=arm_profile_ids())  # an experiment's arms: not a target
+        .select_related("profile")
+        .order_by("profile__name", "-revision"),
         help_text="the profile revision to roll out",
     )
     model = forms.ModelChoiceField(

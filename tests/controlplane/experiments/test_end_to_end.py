@@ -207,7 +207,7 @@ def test_an_experiment_runs_every_arm_out_of_traffic_and_resumes_after_its_worke
                     assert arm["attempts"] == 1 and len(arm["results"]) == 1
                     figures = arm["results"][0]["figures"]
                     assert figures["output_throughput"] > 0 and figures["failed_requests"] == 0, figures
-                    assert figures["ttft_p99"] is not None and figures["memory_mean_bytes"], figures
+                    assert figures["client_ttft_p99"] is not None and figures["memory_mean_bytes"], figures
                 assert first["recommendation"]["reasons"], first["recommendation"]
                 lab.refresh_from_db()
                 assert (lab.desired_revision_id, lab.cordoned) == (None, False)
@@ -227,13 +227,10 @@ def test_an_experiment_runs_every_arm_out_of_traffic_and_resumes_after_its_worke
                     + f"; recommendation: {first['recommendation']['reasons'][0]}"
                 )
 
-                # 2. the Celery worker killed mid-arm: another resumes, no arm or repeat twice
+                # 2. the Celery worker killed mid-run: another resumes, no repeat twice
                 second_id = start_experiment(stack, workload, lab.name, "killed", repeats=2)
                 wait_until(
-                    lambda: any(
-                        a["status"] == "running" and a["index"] == 1 and a["results"]
-                        for a in state(stack, second_id)["arms"]
-                    ),
+                    lambda: any(a["index"] == 1 and a["results"] for a in state(stack, second_id)["arms"]),
                     timeout=600,
                     what="the second arm's first repeat",
                     detail=stack.logs,
@@ -261,10 +258,11 @@ def test_an_experiment_runs_every_arm_out_of_traffic_and_resumes_after_its_worke
         for name, arm in arms.items():
             repeats = [r["repeat"] for r in arm["results"]]
             assert sorted(repeats) == [0, 1], (name, repeats)  # each repeat exactly once
-        assert arms["baseline"]["attempts"] == 1  # finished before the kill: never rerun
-        assert arms["baseline"]["results"] == before["baseline"]["results"]
-        assert arms["chunk-64"]["attempts"] == 2  # interrupted, resumed at its next repeat
-        assert arms["chunk-64"]["results"][0] == before["chunk-64"]["results"][0]
-        assert arms["chunk-128"]["attempts"] == 1
+        for name, arm in arms.items():  # what was stored before the kill stands: never rerun
+            assert all(r in arm["results"] for r in before[name]["results"]), name
+        # Arms interleave (repeat 0: baseline, chunk-64, chunk-128; repeat 1 rotated); the
+        # one repeat under way when the worker died was started again, and only it.
+        attempts = sorted(a["attempts"] for a in arms.values())
+        assert attempts in ([1, 1, 1], [1, 1, 2]), attempts
         lab.refresh_from_db()
         assert (lab.desired_revision_id, lab.cordoned) == (None, False)

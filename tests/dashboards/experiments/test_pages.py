@@ -306,3 +306,21 @@ def test_a_tie_says_no_significant_winner_and_the_plot_says_what_backs_each_poin
     assert data["requests"] == [sent] and data["baseline"]["requests"] == sent
     points = re.search(r'id="experiment-plot-requests">(.*?)</p>', html, re.S).group(1)
     assert f"chunk-256 {sent} over 3 repeats" in points and f"baseline {sent} over 3 repeats" in points
+
+
+def test_an_experiments_arm_revisions_stay_out_of_the_profiles_list_and_the_rollout_target(
+    operator_client: Client,
+) -> None:
+    exp = finished_experiment()
+    lab = Worker.objects.get(name="lab-1").pool.desired_revision
+    assert exp.profile is not None and exp.profile.revisions.count() == exp.arms.count()
+    profiles = operator_client.get("/profiles/").content.decode()
+    assert lab.profile.name in profiles and f"experiment-{exp.pk}" not in profiles
+    from dashboards.rollouts.forms import RolloutForm
+
+    targets = set(RolloutForm().fields["target_revision"].queryset.values_list("pk", flat=True))
+    assert lab.pk in targets and not targets & {a.revision_id for a in exp.arms.all()}
+    # The adopted arm is a revision of the fleet's profile: a target.
+    response = operator_client.post(f"/experiments/{exp.pk}/adopt/")
+    adopted = int(response["Location"].rsplit("=", 1)[1])
+    assert RolloutForm().fields["target_revision"].queryset.filter(pk=adopted).exists()
