@@ -1,10 +1,12 @@
+from typing import Any
+
 from django.db import migrations, models
 from django.utils import timezone
 
 ABORTED = 5  # evaluator.Phase.ABORTED, frozen as this migration knows it
 
 
-def end_duplicates(apps, schema_editor):
+def end_duplicates(apps: Any, schema_editor: Any) -> None:
     """Before the constraint: a table that the old check-then-insert race left
     with several unfinished rollouts keeps its oldest; the others are ended as
     aborted, with the reason on the row, so the constraint can be created."""
