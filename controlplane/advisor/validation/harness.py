@@ -100,6 +100,7 @@ class LaunchedWorkers:
     device: str | None = "cpu"
     threads: int = 1  # torch threads per worker (OMP_NUM_THREADS); 0: their default
     ready_timeout_seconds: float = 240.0
+    nice: int = 0  # the workers' niceness: below 0, a shared host's other work waits first
     fresh_per_run: bool = True
 
     @contextlib.contextmanager
@@ -121,6 +122,8 @@ class LaunchedWorkers:
                     log_level="warning",
                     profile=dict(profile),
                 )
+                if self.nice:
+                    argv = ["nice", "-n", str(self.nice), *argv]
                 proc = stack.enter_context(child(argv, log, env))
                 started.append((f"http://127.0.0.1:{port}", proc, log))
             for url, proc, log in started:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shlex
 import sys
 import tempfile
@@ -73,6 +74,13 @@ class Command(BaseCommand):
             action="store_true",
             help="run both arms of a scenario at once on two worker sets, so a shared host's load hits both alike",
         )
+        parser.add_argument(
+            "--nice",
+            type=int,
+            default=0,
+            help="niceness of the started workers and of this command (the clients); below 0 (root only), a "
+            "shared host's other work waits first, so its load adds less noise to the token gaps",
+        )
         parser.add_argument("--budget", type=int, default=256, help="the tuned chunked profile's token budget")
         parser.add_argument("--chunk-cap", type=int, default=128, help="the tuned chunked profile's chunk cap")
         parser.add_argument("--rate-scale", type=float, default=1.0, help="multiply every scenario's rate")
@@ -99,6 +107,8 @@ class Command(BaseCommand):
             if not sep or not name:
                 raise CommandError(f"--advisor-setting {item!r}: use NAME=VALUE")
             settings[name] = value
+        if options["nice"]:
+            os.nice(options["nice"])
         command = "python manage.py validate_decisions " + shlex.join(sys.argv[2:])
         started = datetime.now(UTC)
         with tempfile.TemporaryDirectory(prefix="validate-") as tmp:
@@ -118,6 +128,7 @@ class Command(BaseCommand):
                     engine=options["engine"],
                     device=options["device"],
                     threads=options["threads"],
+                    nice=options["nice"],
                 )
             harness = h.Harness(
                 workers,
