@@ -239,23 +239,69 @@ def samples(text: str) -> Iterator[tuple[str, dict[str, str], float]]:
         yield name, labels, float(value)
 
 
+# What a series (a sample line before its value) reduces to: its kept key
+# (None: not kept), and for a bucket its histogram and upper bound. A
+# worker's page repeats the same series every scrape, so each is worked out
+# once per process.
+_Entry = tuple[str | None, str, float]
+_SERIES_CACHE: dict[str, _Entry] = {}
+_SERIES_CACHE_SIZE = 200_000
+_NOT_KEPT: _Entry = (None, "", 0.0)
+
+
+def _entry(name: str, labels: dict[str, str]) -> _Entry:
+    key = _sample_key(name, labels)
+    if key is None:
+        return _NOT_KEPT
+    if key.endswith("}") and "_bucket{le=" in key:
+        histogram = key.split("_bucket{le=", 1)[0].split("{prompt_bucket=", 1)[0]
+        return key, histogram, float(labels["le"])
+    return key, "", 0.0
+
+
+def _same_number(text: str, value: float) -> bool:
+    try:
+        return float(text) == value
+    except ValueError:
+        return False
+
+
 def parse(text: str) -> Scrape:
     """Reduce Prometheus text to the kept series. Counters and histograms
     that the page lacks are 0 (nothing counted yet); missing gauges are NaN."""
     sums: dict[str, float] = {}
     bounds: dict[str, set[float]] = {}
     profile: dict[str, str] = {}
-    for name, labels, value in samples(text):
-        if name == PROFILE_INFO:
-            if value == 1:
-                profile = {k: v for k, v in labels.items() if k not in ("model_name", "engine")}
+    cache = _SERIES_CACHE
+    for line in text.splitlines():
+        if not line or line[0] == "#":
             continue
-        key = _sample_key(name, labels)
+        series, _, value_text = line.rpartition(" ")
+        entry = cache.get(series)
+        if entry is not None:
+            value = float(value_text)
+        else:
+            parsed = next(samples(line), None)
+            if parsed is None:  # a family nothing keeps
+                entry = _NOT_KEPT
+                value = math.nan
+            else:
+                name, labels, value = parsed
+                if name == PROFILE_INFO:
+                    if value == 1:
+                        profile = {k: v for k, v in labels.items() if k not in ("model_name", "engine")}
+                    continue
+                entry = _entry(name, labels)
+            if entry is _NOT_KEPT or _same_number(value_text, value):
+                # (a line with a timestamp has its value in ``series``: not cached)
+                if len(cache) >= _SERIES_CACHE_SIZE:
+                    cache.clear()
+                cache[series] = entry
+        key, histogram, le = entry
         if key is None:
             continue
-        if key.endswith("}") and "_bucket{le=" in key:
-            histogram = key.split("_bucket{le=", 1)[0].split("{prompt_bucket=", 1)[0]
-            bounds.setdefault(histogram, set()).add(float(labels["le"]))
+        if histogram:
+            bounds.setdefault(histogram, set()).add(le)
         sums[key] = sums.get(key, 0.0) + value
     layout = layout_for(bounds)
     values = np.array([sums.get(key, math.nan if key in _GAUGE_SET else 0.0) for key in layout.keys], dtype=np.float64)

@@ -350,4 +350,17 @@ def test_the_page_parser_reads_the_kept_samples_as_prometheus_client_does() -> N
         if s.name in catalogue._KEPT_NAMES
     ]
     assert list(catalogue.samples(page)) == expected
-    assert catalogue.parse(page).profile == {"profile": 'a "b", {c}\\d', "revision": "3"}
+    # The reduction, by the general parser's samples, against parse (twice:
+    # the second reads each series' key from the per-process cache).
+    sums: dict[str, float] = {}
+    for name, labels, value in expected:
+        key = catalogue._sample_key(name, labels)
+        if key is not None and name != catalogue.PROFILE_INFO:
+            sums[key] = sums.get(key, 0.0) + value
+    for _ in range(2):
+        parsed = catalogue.parse(page)
+        assert parsed.profile == {"profile": 'a "b", {c}\\d', "revision": "3"}
+        assert {k: v for k, v in zip(parsed.layout.keys, parsed.values, strict=True) if k in sums} == sums
+        assert all(
+            parsed.values[parsed.layout.index[k]] == 0 for k in parsed.layout.keys if "_bucket{" in k and k not in sums
+        )
