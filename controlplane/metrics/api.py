@@ -7,6 +7,12 @@ the operator's objectives and each worker's scrape status.
     GET|PUT /api/v1/metrics/objectives
     GET /api/v1/metrics/targets
 
+A percentile's answer says what it rests on: ``quantile``, its
+``percentile_rule`` (nearest rank over the request log, Prometheus'
+``histogram_quantile`` over scrapes), ``samples`` per group (per point for a
+series) and ``few_samples`` where they are too few for it (a P99 over fewer
+than 100: the slowest request decides it).
+
 Bad input answers 400 naming the parameter: ``{"window": ["..."]}``; a
 metrics backend (Prometheus) that does not answer, 503 with
 ``{"detail": "metrics backend unavailable: ..."}``.
