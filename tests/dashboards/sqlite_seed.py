@@ -32,7 +32,10 @@ def main(username: str, password: str) -> dict[str, int]:
     from tests.dashboards.experiments.test_pages import finished_experiment
 
     now = timezone.now()
-    make_user(Role.ADMIN, username=username, password=password)
+    # staff and superuser as the demo's admin is, so that the walk reaches the admin's lists too
+    user = make_user(Role.ADMIN, username=username, password=password)
+    user.is_staff = user.is_superuser = True
+    user.save(update_fields=["is_staff", "is_superuser"])
     fleet = make_fleet(num_stable=1, num_canary=1)
     rollout = Rollout.start(
         routing_table=fleet.table,

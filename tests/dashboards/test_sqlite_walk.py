@@ -178,6 +178,8 @@ def test_every_page_detail_page_and_form_answers_on_the_embedded_default(page: A
         "/alerts/rules/new/",
         "/alerts/silences/",
         "/admin/",
+        "/admin/alerts/delivery/",
+        "/admin/rollouts/rollout/",
     ):
         assert path in seen, f"{path} was not reached from the navigation; walked: {sorted(seen)}"
     for path in ("/rollouts/new/", "/experiments/new/", "/profiles/new/", "/alerts/rules/new/", "/alerts/silences/"):
