@@ -64,7 +64,7 @@ class Stall(StrEnum):
     """What the decode-stall evidence says, against the TBT objective."""
 
     LONG_PREFILL = "long_prefill"  # long prefills push the decode gap P99 past the objective
-    OTHER = "other"  # decodes miss the objective, but not because of long prefills
+    OTHER = "other"  # decodes miss the objective even without long prefills
     NONE = "none"  # no stall breaks the objective
     UNKNOWN = "unknown"  # too few samples, or no objective
 
@@ -733,7 +733,7 @@ QUESTIONS_TEXT = {
 }
 STALL_TEXT = {
     Stall.LONG_PREFILL: "long prefills push the decode gap P99 past the TBT objective",
-    Stall.OTHER: "decodes miss the objective, but not because of long prefills",
+    Stall.OTHER: "decodes miss the objective even without long prefills",
     Stall.NONE: "no stall breaks the objective",
     Stall.UNKNOWN: "not enough gaps or requests to say",
 }
@@ -775,7 +775,7 @@ DECISION_TABLE: tuple[Rule, ...] = (
         (Stall.OTHER,),
         (Questions.COULD, Questions.NO),
         Overall.OTHER_CAUSE,
-        "Decodes miss the TBT objective, but not during long prefills: chunked prefill alone will not meet it "
+        "Decodes miss the TBT objective even without long prefills: chunked prefill alone will not meet it "
         "(look at the batch size and capacity first).",
     ),
     Rule(
@@ -829,9 +829,13 @@ def overall(answers: Sequence[Finding], hol: Finding, stall: Stall) -> tuple[Ove
             reasons.append(f"{hol.title} {ANSWER_TEXT[hol.answer]}: {hol.reasons[0]}")
     elif rule.overall in (Overall.NOT_WORTH_IT, Overall.OTHER_CAUSE):
         reasons.append(hol.reasons[0])
+        why_not = (
+            "with no stall past the objective"
+            if rule.overall == Overall.NOT_WORTH_IT
+            else "while decodes miss it anyway"
+        )
         reasons.extend(
-            f"{a.title} Yes ({a.reasons[0]}), but one yes alone, with no stall from long prefills, does not make "
-            "chunking pay."
+            f"{a.title} Yes ({a.reasons[0]}), but one yes alone, {why_not}, does not make chunking pay."
             for a in answers
             if a.answer == Answer.YES
         )
