@@ -7,8 +7,11 @@ side as compact JSON; what stayed the same is counted, not shown."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+
+from controlplane.audit.models import AuditEvent
 
 # Keys past this many, one event shows as "… and N more".
 MAX_NUM_CHANGES = 40
@@ -60,3 +63,8 @@ def changes(before: Any, after: Any) -> Diff:
         rows.append(Change(key, _show(old[key]) if key in old else None, _show(new[key]) if key in new else None))
     num_unchanged = len(old.keys() & new.keys()) - sum(1 for r in rows if r.kind == "changed")
     return Diff(rows[:MAX_NUM_CHANGES], num_unchanged, max(0, len(rows) - MAX_NUM_CHANGES))
+
+
+def rows(events: Iterable[AuditEvent]) -> list[dict[str, Any]]:
+    """What ``audit/partials/audit_table.html`` draws: each event and its change."""
+    return [{"event": e, "diff": changes(e.before, e.after)} for e in events]

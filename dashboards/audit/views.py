@@ -35,7 +35,7 @@ def audit_log(request: HtmxHttpRequest) -> HttpResponse:
         request,
         "audit/audit.html",
         {
-            "rows": [{"event": e, "diff": pages.changes(e.before, e.after)} for e in page],
+            "rows": pages.rows(page),
             "page": page,
             "newer_url": link(page.previous_page_number()) if page.has_previous() else "",
             "older_url": link(page.next_page_number()) if page.has_next() else "",

@@ -15,6 +15,7 @@ from django.utils import timezone
 from controlplane.audit.models import AuditEvent
 from controlplane.fleet.health import WorkerState
 from controlplane.fleet.models import FLAG_ACTIONS, Worker
+from dashboards.audit import pages as audit_pages
 
 HISTORY_LIMIT = 50
 
@@ -57,7 +58,7 @@ def page_context() -> dict[str, Any]:
 def worker_context(worker: Worker) -> dict[str, Any]:
     """One worker's page: its row's figures, its audit history, its buttons."""
     events = AuditEvent.objects.filter(object_type="fleet.worker", object_id=str(worker.pk))[:HISTORY_LIMIT]
-    return {**row_context(worker, timezone.now()), "events": events, "flag_actions": FLAG_ACTIONS}
+    return {**row_context(worker, timezone.now()), "audit_rows": audit_pages.rows(events), "flag_actions": FLAG_ACTIONS}
 
 
 def render_push(worker_id: int, *, created: bool, deleted: bool, user_context: dict[str, Any]) -> list[str]:
