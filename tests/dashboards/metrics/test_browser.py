@@ -65,8 +65,10 @@ def test_the_panel_draws_its_charts_and_updates_them_when_a_scrape_arrives(page:
     assert {v for v in flat["values"] if v is not None} == {0} and 0 < flat["max"] <= 0.02, flat
     before = chart_state(page, "ttft")
     assert before["points"] == 16 and before["last"] == pytest.approx(0.099, rel=1e-6)
-    cell = page.locator('tr[data-group="stable"] td[data-figure="ttft_p99"]')
+    cell = page.locator('tr[data-group="stable"] td[data-figure="ttft_p99"] .figure-value')
     expect(cell).to_have_text("99 ms")
+    # ... with the samples it rests on: 10 requests a scrape, 12 scrapes in the minute.
+    expect(page.locator('tr[data-group="stable"] td[data-figure="ttft_p99"] .samples')).to_have_text("n = 120")
 
     # A new round: 50 slow requests since the last scrape. The scraper stores
     # it and publishes the round; the server pushes the partial.
