@@ -7,9 +7,10 @@ from typing import Any
 
 from django import forms
 
-from controlplane.experiments.models import DEFAULT_CHUNK_SIZES, DEFAULT_OBJECTIVES, Workload
+from controlplane.experiments.models import DEFAULT_CHUNK_SIZES, DEFAULT_OBJECTIVES, Workload, arm_profile_ids
 from controlplane.experiments.recommend import DEFAULT_REPEATS
 from controlplane.fleet.models import Worker
+from controlplane.profiles.models import ProfileRevision
 from workers import loadgen
 
 CAPTURE = "capture"  # the workload choice that captures the last minutes of the request log
@@ -36,7 +37,15 @@ class ExperimentForm(forms.Form):
     )
     chunk_sizes = forms.CharField(
         initial=", ".join(str(c) for c in DEFAULT_CHUNK_SIZES),
-        help_text="long_prefill_token_threshold of each chunked arm; a monolithic baseline always runs first",
+        help_text="long_prefill_token_threshold of each chunked arm; each keeps the baseline's other knobs",
+    )
+    baseline_revision = forms.ModelChoiceField(
+        queryset=ProfileRevision.objects.exclude(profile__in=arm_profile_ids())
+        .select_related("profile")
+        .order_by("profile__name", "-revision"),
+        required=False,
+        empty_label="the profile the workers run now",
+        help_text="the baseline every arm is set beside (a monolithic arm runs beside a chunked one)",
     )
     budgets = forms.CharField(
         required=False,

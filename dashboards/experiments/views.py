@@ -130,7 +130,8 @@ def experiment_new(request: HtmxHttpRequest) -> HttpResponse:
             v["chunk_sizes"],
             v["budgets"],
             v["short_prompt_thresholds"] or (None,),
-            current=current_fields(workers),  # the baseline: the profile the workers run now
+            # the baseline: the revision picked, else the profile the workers run now
+            current=dict(v["baseline_revision"].fields) if v.get("baseline_revision") else current_fields(workers),
         )
         try:
             with transaction.atomic():  # a refused experiment keeps no workload it captured

@@ -324,3 +324,43 @@ def test_an_experiments_arm_revisions_stay_out_of_the_profiles_list_and_the_roll
     response = operator_client.post(f"/experiments/{exp.pk}/adopt/")
     adopted = int(response["Location"].rsplit("=", 1)[1])
     assert RolloutForm().fields["target_revision"].queryset.filter(pk=adopted).exists()
+
+
+def test_new_experiment_takes_the_workers_profile_as_baseline_or_the_one_picked(operator_client: Client) -> None:
+    running = make_profile(prefill_mode="monolithic", max_num_batched_tokens=2048, max_num_seqs=32)
+    worker, _ = enroll_worker("lab-32", pool=make_pool(revision=running))
+    Worker.objects.filter(pk=worker.pk).update(state=Worker.State.READY)
+    form = {
+        "name": "current",
+        "workload": "scenario",
+        "scenario": "long-tail",
+        "scenario_rate": "1",
+        "capture_minutes": "15",
+        "workers": [worker.name],
+        "chunk_sizes": "256, 512",
+        "duration_seconds": "20",
+        "warmup_seconds": "5",
+        "repeats": "3",
+        "rate_scale": "1",
+        "ttft_ms": "2000",
+        "tpot_ms": "200",
+    }
+    assert operator_client.post("/experiments/new/", form).status_code == 302
+    exp = Experiment.objects.get(name="current")
+    arms = list(exp.arms.order_by("index"))
+    assert arms[0].name == "baseline" and arms[0].fields == running.fields
+    assert {a.fields["max_num_seqs"] for a in arms} == {32}
+
+    exp.request_abort("tester")
+    Experiment.objects.filter(pk=exp.pk).update(phase=Phase.ABORTED)
+    picked = make_profile(prefill_mode="monolithic", max_num_batched_tokens=1024, max_num_seqs=4)
+    html = operator_client.get("/experiments/new/").content.decode()
+    assert f'<option value="{picked.pk}">' in html and f"experiment-{exp.pk}" not in html
+    assert (
+        operator_client.post(
+            "/experiments/new/", {**form, "name": "picked", "baseline_revision": picked.pk}
+        ).status_code
+        == 302
+    )
+    arms = list(Experiment.objects.get(name="picked").arms.order_by("index"))
+    assert arms[0].fields == picked.fields and {a.fields["max_num_seqs"] for a in arms} == {4}
