@@ -670,15 +670,28 @@ def stalls(gaps: Gaps, decode: Decode, t: Thresholds) -> tuple[Stall, Finding]:
             f"Decodes miss the TBT objective of {_seconds(tbt)} even while no long prefill runs: the gap P99 is "
             f"{_seconds(other_p99)} then{approx}, so chunked prefill alone cannot meet it.{worse}",
         )
-    if enough_long and long_p99 is not None and long_p99 > tbt:
+    # A long prefill makes one gap per request decoding beside it, so a short window holds few; the
+    # requests' own largest gaps past the objective, while the other gaps stay inside it, corroborate them.
+    stall_p99 = decode.stall_p99_seconds
+    corroborated = (
+        enough_stall and enough_other and gaps.num_long_prefill > 0 and stall_p99 is not None and stall_p99 > tbt
+    )
+    if (enough_long or corroborated) and long_p99 is not None and long_p99 > tbt:
+        few = ""
+        if not enough_long:
+            few = (
+                f" Under {t.min_gaps} such gaps, but each request's largest gap has P99 {_seconds(stall_p99)} over "
+                f"{decode.num_stall_requests} requests while the other gaps stay inside the objective: the stalls "
+                "are the long prefills'."
+            )
         return Stall.LONG_PREFILL, ask.yes(
             gaps.num_long_prefill,
             figures,
             f"While a prefill {long_label} runs, the P99 gap between a decoding request's tokens is "
             f"{_seconds(long_p99)}, past the TBT objective of {_seconds(tbt)} ({gaps.num_long_prefill} gaps); "
-            f"otherwise it is {_seconds(other_p99)}{approx}.",
+            f"otherwise it is {_seconds(other_p99)}{approx}.{few}",
         )
-    if enough_stall and decode.stall_p99_seconds is not None and decode.stall_p99_seconds > tbt:
+    if enough_stall and stall_p99 is not None and stall_p99 > tbt:
         if gaps.num_long_prefill and not enough_long:
             return Stall.UNKNOWN, ask.not_enough(
                 gaps.num_long_prefill,

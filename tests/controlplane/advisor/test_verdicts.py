@@ -257,8 +257,13 @@ D = Decode  # (TBT objective, stall P99, requests behind it, decode step)
     [
         # long prefills push the gap P99 past the 100-ms objective, with 50 gaps: yes
         (Gaps(0.4, 0.02, 50, 500, 256), D(TBT, 0.4, 200), Stall.LONG_PREFILL, Answer.YES, "past the TBT objective"),
-        # 49 gaps are too few; nothing else breaks the objective... but the stall P99 does: unknown
-        (Gaps(0.4, 0.02, 49, 500, 256), D(TBT, 0.4, 200), Stall.UNKNOWN, Answer.NOT_ENOUGH_DATA, "too few gaps"),
+        # 49 gaps are too few, and too few other gaps to say the stalls are theirs: unknown
+        (Gaps(0.4, 0.02, 49, 49, 256), D(TBT, 0.4, 200), Stall.UNKNOWN, Answer.NOT_ENOUGH_DATA, "too few gaps"),
+        # 21 gaps (a long prefill makes one per request decoding beside it), but the requests' largest gaps
+        # break the objective while 4,500 other gaps stay inside it: the stalls are the long prefills'
+        (Gaps(1.08, 0.05, 21, 4500, 512), D(TBT, 1.08, 100), Stall.LONG_PREFILL, Answer.YES, "Under 50 such gaps"),
+        # ... not when the requests' largest gaps stay inside the objective
+        (Gaps(1.08, 0.05, 21, 4500, 512), D(TBT, 0.09, 100), Stall.NONE, Answer.NO, "No stall breaks"),
         # exactly at the objective is not past it
         (Gaps(0.1, 0.02, 500, 500, 256), D(TBT, 0.1, 200), Stall.NONE, Answer.NO, "No stall breaks"),
         # a 1.992× ratio with every gap inside the objective: no stall, whatever the ratio
