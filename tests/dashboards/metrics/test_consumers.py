@@ -126,7 +126,7 @@ def test_under_the_prometheus_backend_beats_tick_pushes_the_panel_read_from_prom
         n = 1.0 + 20 * (time.monotonic() - started)
         return Page(
             counters={"vllm:request_success_total": n},
-            histograms={"vllm:time_to_first_token_seconds": ([(0.1, 0.0), (0.25, n), (math.inf, n)], 0.2 * n)},
+            histograms={"chunkpilot:time_to_first_token_seconds": ([(0.1, 0.0), (0.25, n), (math.inf, n)], 0.2 * n)},
         ).text()
 
     async def metrics_app(scope: dict, receive: Any, send: Any) -> None:
@@ -149,7 +149,7 @@ def test_under_the_prometheus_backend_beats_tick_pushes_the_panel_read_from_prom
         }
         with prometheus(tmp_path / "prometheus", config) as prom:
             wait_for(
-                lambda: prom.query("count_over_time(vllm:time_to_first_token_seconds_count[1m]) >= 3"),
+                lambda: prom.query("count_over_time(chunkpilot:time_to_first_token_seconds_count[1m]) >= 3"),
                 30,
                 "three scrapes by Prometheus",
             )
