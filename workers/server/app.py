@@ -26,7 +26,7 @@ from typing import Any
 
 import anyio
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Lifespan, Receive, Scope, Send
@@ -233,6 +233,9 @@ class OpenAIServer:
             req = await asyncio.to_thread(parsed) if len(raw) > THREAD_PARSE_BYTES else parsed()
         except p.ApiError as exc:
             return error_response(exc)
+        except ClientDisconnect:  # an ordinary event, not a fault: one line, no traceback
+            log.info("%s: the client went away before its request was read", request.url.path)
+            return Response(status_code=499)
         prefix = "cmpl" if kind == "completion" else "chatcmpl"
         response_id = f"{prefix}-{uuid.uuid4().hex}"
         num_prompts = max(1, len(req.prompts))

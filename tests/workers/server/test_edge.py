@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.support import wait_until
 from tests.workers.server.support import worker
 
 MAX_REQUEST_BYTES = 64 * 1024
@@ -38,11 +40,16 @@ def no_template_model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
 
 
 @pytest.fixture(scope="module")
-def server(no_template_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def served(no_template_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     log = tmp_path_factory.mktemp("edge-worker") / "worker.log"
     extra = ["--max-model-len", "512", "--max-request-bytes", str(MAX_REQUEST_BYTES), "--served-model-name", "tiny"]
     with worker(no_template_model, log, profile=json.dumps(PROFILE), extra=extra) as (url, _):
-        yield url
+        yield url, log
+
+
+@pytest.fixture(scope="module")
+def server(served: tuple[str, Path]) -> str:
+    return served[0]
 
 
 def healthy(url: str) -> bool:
@@ -114,6 +121,21 @@ def test_bodies_past_the_parsers_limits_are_400s_and_the_worker_stays_healthy(se
     )
     assert response.status_code == 400, response.text
     assert response.json()["error"]["code"] == "invalid_json"
+    assert healthy(server)
+
+
+def test_a_client_that_leaves_mid_body_is_one_log_line_not_a_traceback(served: tuple[str, Path]) -> None:
+    server, log = served
+    host, port = server.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as conn:
+        conn.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: w\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 1000\r\n\r\n{"prompt": "'
+        )
+        time.sleep(0.3)  # the worker is reading the body when the client goes
+    wait_until(lambda: "the client went away" in log.read_text(), timeout=30)
+    text = log.read_text()
+    assert "unhandled error" not in text and "Traceback" not in text
     assert healthy(server)
 
 
