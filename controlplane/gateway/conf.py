@@ -38,6 +38,12 @@ GATEWAY_CLIENT_BODY_TIMEOUT_SECONDS = Tunable(
     "a client that began a request and sends nothing more of it (the rest of its head, or of the body it "
     "declared) this long gets a 408 and its connection closed",
 )
+GATEWAY_CLIENT_HEADER_TIMEOUT_SECONDS = Tunable(
+    "GATEWAY_CLIENT_HEADER_TIMEOUT_SECONDS",
+    10.0,
+    "a client whose request line and headers are not all in this long after they began, however steadily "
+    "they trickle, gets a 408 and its connection closed (nginx's client_header_timeout)",
+)
 GATEWAY_LOG_FLUSH_SECONDS = Tunable(
     "GATEWAY_LOG_FLUSH_SECONDS", 1.0, "request-log rows are written at least this often"
 )

@@ -56,15 +56,20 @@ class ServerSettings:
     # A request begun and then not continued for this long (the rest of its
     # head, or of the body its Content-Length declared) gets a 408.
     body_timeout_seconds: float = 10.0
+    # The whole head must be in this long after it began, however steadily it
+    # trickles in (nginx's client_header_timeout): one header line every 8 s
+    # never tripped the gap timer above and held the connection for good.
+    head_timeout_seconds: float = 10.0
     grace_seconds: float = 30.0  # how long requests in flight may finish on shutdown
     backlog: int = 4096
     write_high_water: int = 1 << 20  # bytes queued to a client before its relay pauses
 
 
 class BadRequest(Exception):
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, code: str | None = None):
         super().__init__(message)
         self.status = status
+        self.code = code
 
 
 @functools.cache
@@ -187,6 +192,7 @@ class _HttpProtocol(asyncio.Protocol):
         self.waiting: collections.deque[Exchange] = collections.deque()  # pipelined requests
         self._idle_timer: asyncio.TimerHandle | None = None
         self._request_timer: asyncio.TimerHandle | None = None
+        self._head_timer: asyncio.TimerHandle | None = None
         self._in_message = False  # part of a request has arrived, not all of it
         self._reset()
 
@@ -221,6 +227,7 @@ class _HttpProtocol(asyncio.Protocol):
         self.lost = True
         self._cancel_idle_timer()
         self._cancel_request_timer()
+        self._cancel_head_timer()
         self.server.connections.discard(self)
         for exchange in (self.current, *self.waiting):
             if exchange is not None and not exchange.gone.done():
@@ -242,6 +249,9 @@ class _HttpProtocol(asyncio.Protocol):
     def on_message_begin(self) -> None:
         self._reset()
         self._in_message = True
+        self._cancel_head_timer()
+        if not self.lost:
+            self._head_timer = self.loop.call_later(self.settings.head_timeout_seconds, self._head_timed_out)
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -257,10 +267,15 @@ class _HttpProtocol(asyncio.Protocol):
             raise BadRequest(431, f"the request line and headers are over {self.settings.max_head_bytes} bytes")
 
     def on_headers_complete(self) -> None:
+        self._cancel_head_timer()
         declared = self._headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.settings.max_body_bytes:
-            self._too_large = True  # answered once the head is in; the body is not kept
-        elif self._headers.get(b"expect", b"").lower() == b"100-continue" and self.transport is not None:
+            # Refused at once, as the worker does: waiting for a 100 GB body
+            # that is never sent would only end in a 408.
+            raise BadRequest(
+                413, f"the request body is over {self.settings.max_body_bytes} bytes.", code="request_too_large"
+            )
+        if self._headers.get(b"expect", b"").lower() == b"100-continue" and self.transport is not None:
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
@@ -370,7 +385,7 @@ class _HttpProtocol(asyncio.Protocol):
             return
         if self.current is None:
             body = json.dumps(
-                {"error": {"message": str(error), "type": "invalid_request_error", "param": None, "code": None}}
+                {"error": {"message": str(error), "type": "invalid_request_error", "param": None, "code": error.code}}
             ).encode()
             self.transport.write(
                 b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
@@ -399,6 +414,17 @@ class _HttpProtocol(asyncio.Protocol):
         self._cancel_request_timer()
         if self._in_message and not self.lost and self.transport is not None:
             self._request_timer = self.loop.call_later(self.settings.body_timeout_seconds, self._request_timed_out)
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        self._refuse(
+            BadRequest(408, f"the request's head did not arrive in full within {self.settings.head_timeout_seconds:g}s")
+        )
 
     def _cancel_request_timer(self) -> None:
         if self._request_timer is not None:

@@ -337,6 +337,50 @@ def test_a_client_that_declares_a_body_and_does_not_send_it_gets_408_and_the_con
     run(test)
 
 
+def test_a_head_that_trickles_in_past_the_head_deadline_gets_408() -> None:
+    """One header line every so often, each within the gap timeout, held a
+    connection for good (3,000 of them, one line every 8 s): the whole head
+    now has a deadline of its own, as nginx's client_header_timeout."""
+
+    async def test() -> None:
+        async with serving(echo, body_timeout_seconds=0.4, head_timeout_seconds=0.6) as srv:
+            reader, writer = await connect(srv["port"])
+            writer.write(b"POST /v1/completions HTTP/1.1\r\n")
+            replies: list[tuple[int, dict[bytes, bytes], bytes]] = []
+
+            async def read() -> None:
+                replies.append(await read_response(reader))
+
+            reading = asyncio.ensure_future(read())
+            for i in range(10):  # a line every 0.2 s: never 0.4 s without a byte
+                await asyncio.sleep(0.2)
+                if reading.done():
+                    break
+                writer.write(b"x-line-%d: y\r\n" % i)
+            await asyncio.wait_for(reading, 5)
+            status, headers, body = replies[0]
+            assert status == 408 and headers[b"connection"] == b"close"
+            assert b"head did not arrive in full" in body
+            # A head that arrives in time is served.
+            reader, writer = await connect(srv["port"])
+            writer.write(post("/ok", b"x"))
+            assert (await read_response(reader))[0] == 200
+
+    run(test)
+
+
+def test_a_declared_body_over_the_limit_is_refused_at_once_without_waiting_for_it() -> None:
+    async def test() -> None:
+        async with serving(echo, max_body_bytes=100, body_timeout_seconds=30) as srv:
+            reader, writer = await connect(srv["port"])
+            writer.write(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 100000000000\r\n\r\n")
+            status, headers, body = await asyncio.wait_for(read_response(reader), 5)  # not the 30 s body timeout
+            assert status == 413 and headers[b"connection"] == b"close"
+            assert b"request_too_large" in body
+
+    run(test)
+
+
 def test_shutdown_lets_the_request_in_flight_finish_then_runs_the_hook() -> None:
     def handler(ex: Exchange) -> Awaitable[None]:
         async def slow() -> None:

@@ -114,7 +114,10 @@ class Command(BaseCommand):
         def ready() -> None:
             log.info("gateway %s listening on %s:%s", address, options["host"], options["port"])
 
-        server_settings = ServerSettings(body_timeout_seconds=conf.GATEWAY_CLIENT_BODY_TIMEOUT_SECONDS.get())
+        server_settings = ServerSettings(
+            body_timeout_seconds=conf.GATEWAY_CLIENT_BODY_TIMEOUT_SECONDS.get(),
+            head_timeout_seconds=conf.GATEWAY_CLIENT_HEADER_TIMEOUT_SECONDS.get(),
+        )
         uvloop.run(
             serve(
                 app.handle,
