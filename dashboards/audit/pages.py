@@ -47,6 +47,8 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def _show(value: Any) -> str:
+    if value == "":
+        return '""'  # an empty string, visibly
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
     return text if len(text) <= MAX_VALUE_CHARS else text[: MAX_VALUE_CHARS - 1] + "…"
 

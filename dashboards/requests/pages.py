@@ -30,6 +30,7 @@ LABEL_GAP_PX = 8
 TIMELINE_AXIS_Y = 12
 TIMELINE_ROW_PX = 16
 TIMELINE_MARGIN_PX = 4
+MAX_LABEL_SHIFT_PX = 320
 
 
 def _kept(params: Mapping[str, str]) -> dict[str, str]:
@@ -140,8 +141,11 @@ def timeline_marks(events: list[explorer.TimelineEvent]) -> list[Mark]:
 
 def timeline_layout(events: list[explorer.TimelineEvent]) -> Timeline:
     """Ticks on a time axis across the chart and each event's label below
-    it: centred on its tick where it fits, else flush with the chart's edge,
-    in the first row where it overlaps no label already placed."""
+    it, in the first row where it fits: centred on its tick (kept inside the
+    chart's edges), or pushed right past the row's last label by at most
+    ``MAX_LABEL_SHIFT_PX``, so that a burst of events (arrival, queue and
+    the first chunks within a millisecond) reads left to right on one line
+    instead of piling up; no two labels overlap."""
     end = max((e.at_seconds for e in events), default=0.0) or 1.0
     span = CHART_WIDTH - 2 * TIMELINE_MARGIN_PX
     rows: list[list[tuple[float, float]]] = []
@@ -149,26 +153,19 @@ def timeline_layout(events: list[explorer.TimelineEvent]) -> Timeline:
     for e in events:
         x = e.at_seconds / end * span + TIMELINE_MARGIN_PX
         width = label_width(e.label)
-        if x - width / 2 < 0:
-            text_x, anchor, left = 0.0, "start", 0.0
-        elif x + width / 2 > CHART_WIDTH:
-            text_x, anchor, left = float(CHART_WIDTH), "end", CHART_WIDTH - width
-        else:
-            text_x, anchor, left = x, "middle", x - width / 2
-        right = left + width
-        row = next(
-            (
-                i
-                for i, placed in enumerate(rows)
-                if all(right + LABEL_GAP_PX <= a or left >= b + LABEL_GAP_PX for a, b in placed)
-            ),
-            len(rows),
-        )
+        natural = min(max(x - width / 2, 0.0), CHART_WIDTH - width)
+        row, left = len(rows), natural
+        for i, placed in enumerate(rows):
+            candidate = max([natural, *(b + LABEL_GAP_PX for a, b in placed if b + LABEL_GAP_PX > natural)])
+            fits = candidate + width <= CHART_WIDTH and candidate - natural <= MAX_LABEL_SHIFT_PX
+            if fits and all(candidate + width + LABEL_GAP_PX <= a or candidate >= b + LABEL_GAP_PX for a, b in placed):
+                row, left = i, candidate
+                break
         if row == len(rows):
             rows.append([])
-        rows[row].append((left, right))
+        rows[row].append((left, left + width))
         text_y = TIMELINE_AXIS_Y + 8 + (row + 1) * TIMELINE_ROW_PX
-        marks.append(Mark(x, e.label, e.at_seconds, e.num_tokens, row, text_x, anchor, text_y))
+        marks.append(Mark(x, e.label, e.at_seconds, e.num_tokens, row, left, "start", text_y))
     height = TIMELINE_AXIS_Y + 8 + (len(rows) + 1) * TIMELINE_ROW_PX + 6  # the rows, then the axis' ends
     return Timeline(marks, height, end)
 
