@@ -67,6 +67,7 @@ class Stall(StrEnum):
     OTHER = "other"  # decodes miss the objective even without long prefills
     NONE = "none"  # no stall breaks the objective
     UNKNOWN = "unknown"  # too few samples, or no objective
+    PREVENTED = "prevented"  # a chunked pool whose chunking is what keeps long prefills inside the objective
 
 
 # ---- the thresholds: one table ------------------------------------------------------
@@ -728,6 +729,41 @@ def stalls(gaps: Gaps, decode: Decode, t: Thresholds) -> tuple[Stall, Finding]:
     )
 
 
+# The decode gap P99 is past the objective when more than this share of requests is stalled.
+P99_SHARE = 0.01
+
+
+def prevented(inputs: Inputs, t: Thresholds) -> str:
+    """On a chunked pool that does split prompts, the sentence saying its
+    chunking is what keeps long prefills off the decodes beside them: more
+    than 1% of its successful prompts would each, prefilled whole, take
+    longer than the TBT objective, and long prefills did run beside decoding
+    requests. Empty when not so."""
+    p, e, d = inputs.profile, inputs.engine, inputs.decode
+    tbt, spt = d.tbt_objective_seconds, e.prefill_seconds_per_token
+    if p is None or p.prefill_mode != "chunked" or not tbt or not spt or inputs.gaps.num_long_prefill <= 0:
+        return ""
+    if e.max_model_len and min(p.max_num_batched_tokens, p.chunk_cap) >= e.max_model_len:
+        return ""  # it never splits: its stalls are monolithic ones, judged as such
+    r = inputs.requests
+    to_compute = [
+        max(0, n - (c or 0))
+        for n, c, ok in zip(r.prompt_tokens, r.cached_tokens, r.ok, strict=True)
+        if ok and n is not None
+    ]
+    if len(to_compute) < t.min_requests:
+        return ""
+    over = sum(n * spt > tbt for n in to_compute)
+    share = over / len(to_compute)
+    if share <= P99_SHARE:
+        return ""
+    return (
+        f"Run whole, {over} of its {len(to_compute)} prompts ({share:.1%}) would each take longer than the TBT "
+        f"objective of {_seconds(tbt)} to prefill (over {int(tbt / spt):,} tokens at {_seconds(spt)} per token), "
+        "stalling every request decoding beside them; split, they do not."
+    )
+
+
 # ---- the overall verdict: a decision table ---------------------------------------------
 
 
@@ -749,6 +785,7 @@ STALL_TEXT = {
     Stall.OTHER: "decodes miss the objective even without long prefills",
     Stall.NONE: "no stall breaks the objective",
     Stall.UNKNOWN: "not enough gaps or requests to say",
+    Stall.PREVENTED: "a chunked pool's chunking keeps prompts that would break it, run whole, from stalling decodes",
 }
 
 
@@ -775,6 +812,13 @@ DECISION_TABLE: tuple[Rule, ...] = (
         ANY_QUESTIONS,
         Overall.WORTH_IT,
         "Long prefills push the decode gap P99 past the TBT objective: chunking removes exactly that stall. "
+        "The three questions say how much more it gives.",
+    ),
+    Rule(
+        (Stall.PREVENTED,),
+        ANY_QUESTIONS,
+        Overall.WORTH_IT,
+        "This pool's chunking is what keeps long prefills from stalling decodes past the TBT objective: keep it. "
         "The three questions say how much more it gives.",
     ),
     Rule(
@@ -826,7 +870,9 @@ def rule_for(stall: Stall, questions: Questions) -> int:
     return next(i for i, r in enumerate(DECISION_TABLE) if stall in r.stalls and questions in r.questions)
 
 
-def overall(answers: Sequence[Finding], hol: Finding, stall: Stall) -> tuple[Overall, list[str], int]:
+def overall(
+    answers: Sequence[Finding], hol: Finding, stall: Stall, prevented: str = ""
+) -> tuple[Overall, list[str], int]:
     """The verdict, its reasons (the rule's, then every finding that bears on
     it, each contradicting one with why), and the matching rule's index."""
     said = questions_say(answers)
@@ -836,6 +882,8 @@ def overall(answers: Sequence[Finding], hol: Finding, stall: Stall) -> tuple[Ove
     if rule.overall == Overall.WORTH_IT:
         if stall == Stall.LONG_PREFILL:
             reasons.append(hol.reasons[0])
+        elif stall == Stall.PREVENTED:
+            reasons.append(prevented)
         reasons.extend(f"{a.title} Yes: {a.reasons[0]}" for a in answers if a.answer == Answer.YES)
         reasons.extend(f"{a.title} No: {a.reasons[0]}" for a in answers if a.answer == Answer.NO)
         if stall != Stall.LONG_PREFILL:
@@ -1353,7 +1401,10 @@ def advise(inputs: Inputs, t: Thresholds) -> Report:
     long = long_prompt(inputs, t)
     questions = [long_tail(inputs.requests, long, t), concurrency(inputs, t), memory(inputs, t)]
     stall, hol = stalls(inputs.gaps, inputs.decode, t)
-    verdict, reasons, rule = overall(questions, hol, stall)
+    kept_off = prevented(inputs, t) if stall != Stall.LONG_PREFILL else ""
+    if kept_off:
+        stall = Stall.PREVENTED
+    verdict, reasons, rule = overall(questions, hol, stall, kept_off)
     start = knobs(inputs, t)
     tuning: list[Finding] = []
     if inputs.profile is not None and inputs.profile.prefill_mode == "chunked":

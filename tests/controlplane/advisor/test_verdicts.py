@@ -43,6 +43,7 @@ from controlplane.advisor.verdicts import (
     overall,
     pd_estimate,
     prefix_hits_by_bucket,
+    prevented,
     rule_for,
     short_starved,
     stalls,
@@ -370,6 +371,61 @@ def test_the_issues_case_stalls_49x_yet_three_noes_is_worth_it() -> None:
     assert report.overall == Overall.WORTH_IT
     assert report.head_of_line.answer == Answer.YES
     assert rule_for(Stall.LONG_PREFILL, Questions.NO) == report.rule
+
+
+# ---- a chunked pool whose chunking is what keeps long prefills off the decodes --------------
+
+TUNED = Profile("chunked", 256, 128, 32)
+SLOW = Engine(None, None, None, None, 329e-6, max_model_len=2048)  # 250 ms / 329 µs = 759 tokens whole
+
+
+def traffic(num_long: int, num_short: int = 100, *, long_tokens: int = 1700, refused: int = 0) -> Requests:
+    lengths: list[int | None] = [long_tokens] * num_long + [100] * num_short + [None] * refused
+    ok = [True] * (num_long + num_short) + [False] * refused
+    return requests(lengths, None, ok)
+
+
+@pytest.mark.parametrize(
+    ("case", "says"),
+    [
+        # 15 of 115 prompts (13%) would each take 0.56 s whole against a 250-ms objective
+        (inputs(profile=TUNED, engine=SLOW, requests=traffic(15)), "15 of its 115 prompts (13.0%)"),
+        # exactly 1% (1 of 100) is not past the P99; 2 of 101 is
+        (inputs(profile=TUNED, engine=SLOW, requests=traffic(1, 99)), ""),
+        (inputs(profile=TUNED, engine=SLOW, requests=traffic(2, 99)), "2 of its 101 prompts"),
+        # prompts short enough to prefill whole inside the objective
+        (inputs(profile=TUNED, engine=SLOW, requests=traffic(15, long_tokens=700)), ""),
+        # refused requests are not prompts: 2 of 101, not of 151
+        (inputs(profile=TUNED, engine=SLOW, requests=traffic(2, 99, refused=50)), "2 of its 101 prompts"),
+        # monolithic, a budget that never splits, no long prefill beside decodes, no prefill time: not this
+        (inputs(profile=Profile("monolithic", 2048, 2048, 32), engine=SLOW, requests=traffic(15)), ""),
+        (inputs(profile=Profile("chunked", 2048, 2048, 32), engine=SLOW, requests=traffic(15)), ""),
+        (inputs(profile=TUNED, engine=replace(SLOW, prefill_seconds_per_token=None), requests=traffic(15)), ""),
+    ],
+)
+def test_prevented_on_a_chunked_pool_that_splits(case: Inputs, says: str) -> None:
+    case = replace(case, gaps=Gaps(0.1, 0.05, 60, 4000, 128), decode=D(0.25, 0.2, 115))
+    assert (says in prevented(case, T)) if says else prevented(case, T) == ""
+    assert prevented(replace(case, gaps=Gaps(None, 0.05, 0, 4000, 128)), T) == ""
+
+
+def test_a_tuned_chunked_pool_just_past_the_objective_is_worth_keeping() -> None:
+    # the A/B panel's tuned-chunked row: stall P99 252 ms against 250, not during long prefills; monolithic
+    # on the same traffic stalled 1.2 s
+    case = inputs(
+        profile=TUNED,
+        engine=SLOW,
+        requests=traffic(15),
+        gaps=Gaps(0.2, 0.1, 60, 4000, 128),
+        decode=D(0.25, 0.252, 115),
+    )
+    report = advise(case, T)
+    assert report.head_of_line.answer == Answer.NO and "not while long prefills run" in report.head_of_line.reasons[0]
+    assert report.stall == Stall.PREVENTED and report.overall == Overall.WORTH_IT
+    assert report.overall_reasons[0] == DECISION_TABLE[report.rule].why
+    assert "15 of its 115 prompts" in report.overall_reasons[1]
+    # the finding it seems to contradict is named beside the headline
+    assert report.head_of_line.reasons[0] in " ".join(report.overall_reasons)
 
 
 # ---- starting knobs: Sarathi-Serve's rule ------------------------------------------------------
