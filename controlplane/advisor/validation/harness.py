@@ -201,7 +201,11 @@ async def _drive(urls: Sequence[str], planned: Sequence[PlannedRequest]) -> tupl
     finally:
         for c in clients:
             await c.close()
-    return [r for records, _ in done for r in records], wall
+    # In plan order: request k went to worker k % len(urls).
+    ordered: list[RequestRecord] = [None] * len(planned)  # type: ignore[list-item]
+    for i, (records, _) in enumerate(done):
+        ordered[i :: len(clients)] = records
+    return ordered, wall
 
 
 def _warm_up(urls: Sequence[str], max_model_len: int, vocabulary: list[int]) -> None:
@@ -274,9 +278,10 @@ class Observation:
             thread.join(60)
 
     def log(self, records: Sequence[RequestRecord], urls: Sequence[str], started_at: datetime) -> None:
-        """One request-log row per request, with what the gateway would have logged of it."""
+        """One request-log row per request (``records`` in plan order, request
+        k sent to ``urls[k % len(urls)]``), with what the gateway logs of it."""
         rows = []
-        for i, r in enumerate(sorted(records, key=lambda r: r.start_seconds)):
+        for i, r in enumerate(records):
             worker = self.by_url[urls[i % len(urls)]] if urls else None
             rows.append(
                 RequestLog(
@@ -438,4 +443,5 @@ def _line(o: Outcome) -> str:
         f"TBT P99 {ms(o.tbt_p99_seconds)} ms, TPOT P99 {ms(o.tpot_p99_seconds)} ms, TTFT P50/P99 "
         f"{ms(o.ttft_p50_seconds)}/{ms(o.ttft_p99_seconds)} ms, {o.output_tokens_per_second:.0f} tok/s, "
         f"goodput {o.goodput:.2f} req/s, prefix hits {o.prefix_hit_share:.0%}"
+        + (f"; failed: {' | '.join(o.failure_reasons)}" if o.failure_reasons else "")
     )

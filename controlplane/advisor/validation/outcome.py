@@ -54,6 +54,7 @@ class Outcome:
     output_tokens_per_second: float
     goodput: float  # requests per second within the TTFT and TPOT objectives
     prefix_hit_share: float  # prompt tokens the prefix cache served / prompt tokens
+    failure_reasons: tuple[str, ...] = ()  # the first few distinct ones, so a failed request says why
 
     def meets_tbt(self, objectives: Objectives) -> bool:
         return self.stall_p99_seconds is not None and self.stall_p99_seconds <= objectives.tbt_seconds
@@ -88,6 +89,13 @@ def outcome_of(records: Sequence[RequestRecord], wall_seconds: float, objectives
         output_tokens_per_second=sum(r.output_tokens for r in ok) / wall_seconds if wall_seconds > 0 else 0.0,
         goodput=len(good) / wall_seconds if wall_seconds > 0 else 0.0,
         prefix_hit_share=sum(min(r.cached_tokens, r.prompt_tokens) for r in ok) / prompt if prompt else 0.0,
+        failure_reasons=tuple(
+            dict.fromkeys(
+                f"{r.status or 'no response'}: {r.error or f'finish_reason {r.finish_reason}'}"
+                for r in records
+                if not r.success
+            )
+        )[:3],
     )
 
 

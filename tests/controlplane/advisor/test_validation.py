@@ -122,6 +122,7 @@ def test_outcome_reads_each_requests_largest_gap_and_counts_goodput_by_the_objec
     assert o.output_tokens_per_second == pytest.approx((4 + 4 + 3) / 2.0)
     assert o.prefix_hit_share == pytest.approx(50 / 300)
     assert not o.meets_tbt(OBJ)
+    assert o.failure_reasons == ("no response: finish_reason None",)
 
 
 # ---- the panel ------------------------------------------------------------------------------------
@@ -203,9 +204,11 @@ KNOWN_WRONG: dict[str, str] = {}
 @pytest.mark.django_db(transaction=True)
 def test_the_reduced_panel_on_reference_workers(tmp_path: Path) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    # 250 ms: what a tuned chunked pool of the tiny model meets on a shared
-    # two-core host (its gaps without any long prefill reach ~150 ms there).
-    objectives = Objectives(ttft_seconds=2.0, tbt_seconds=0.25, tpot_seconds=0.1)
+    # 600 ms: on a shared two-core host the tiny model's chunked runs stall up
+    # to ~500 ms from the host's load alone and its monolithic runs 1-4 s behind
+    # a long prompt, so an objective between them keeps each row's answer clear
+    # of run-to-run noise (docs/validation.md has the panel at 250 and 100 ms).
+    objectives = Objectives(ttft_seconds=2.0, tbt_seconds=0.6, tpot_seconds=0.1)
     harness = h.Harness(
         # niceness -10 where the runner may set it (else nice warns and runs them as they are)
         h.LaunchedWorkers(h.TINY_MODEL, tmp_path, 2048, nice=-10),
@@ -222,8 +225,8 @@ def test_the_reduced_panel_on_reference_workers(tmp_path: Path) -> None:
         print(row.scenario.name, row.judgement, row.advisor, row.advisor_reasons)  # shown with -s
         # the same seeded requests on both arms, all served
         assert row.baseline.num_requests == row.chunked.num_requests > 0
-        assert row.baseline.num_ok == row.baseline.num_requests
-        assert row.chunked.num_ok == row.chunked.num_requests
+        assert row.baseline.num_ok == row.baseline.num_requests, row.baseline.failure_reasons
+        assert row.chunked.num_ok == row.chunked.num_requests, row.chunked.failure_reasons
         assert row.report["scope"].startswith("validate-")
         if row.scenario.name in KNOWN_WRONG:
             continue
