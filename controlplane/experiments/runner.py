@@ -304,11 +304,11 @@ def run_arm(exp: Experiment, arm: Arm, lease: Lease, repeat: int | None) -> None
         now=now,
     )
     try:
-        workers = apply_arm(exp, arm, lease, num_arms)
         if repeat is not None:
-            run_repeat(exp, arm, workers, lease, num_arms, repeat)
+            run_repeat(exp, arm, apply_arm(exp, arm, lease, num_arms), lease, num_arms, repeat)
             return
-        run_ramp(exp, arm, workers, lease, num_arms)
+        if exp.capacity_rate_scales:  # else finishing needs no worker
+            run_ramp(exp, arm, apply_arm(exp, arm, lease, num_arms), lease, num_arms)
     except Aborted:
         Arm.objects.filter(pk=arm.pk).update(
             status=ArmStatus.SKIPPED, error="aborted while it ran", finished_at=timezone.now()
@@ -573,15 +573,22 @@ async def _scrape(session: aiohttp.ClientSession, url: str, *names: str) -> cata
 
 
 async def _reset_prefix_cache(session: aiohttp.ClientSession, url: str) -> str:
-    """Reset a worker's prefix cache; why it could not, or ""."""
-    async with session.post(f"{url.rstrip('/')}/reset_prefix_cache") as r:
-        if r.status == 404:
-            return "has no /reset_prefix_cache (a worker older than this control plane): its arms cannot start cold"
-        if r.status != 200:
-            return f"could not reset its prefix cache: HTTP {r.status}: {(await r.text())[:200]}"
-        if not (await r.json()).get("reset"):
-            return "refused to reset its prefix cache (requests still held cached blocks)"
-    return ""
+    """Reset a worker's prefix cache; why it could not, or "". A worker
+    still loading or applying the profile (503) is asked again, within the
+    apply timeout."""
+    deadline = time.monotonic() + conf.EXPERIMENT_APPLY_TIMEOUT_SECONDS.get()
+    while True:
+        async with session.post(f"{url.rstrip('/')}/reset_prefix_cache") as r:
+            if r.status == 503 and time.monotonic() < deadline:
+                await asyncio.sleep(POLL_SECONDS)
+                continue
+            if r.status == 404:
+                return "has no /reset_prefix_cache (a worker older than this control plane): its arms cannot start cold"
+            if r.status != 200:
+                return f"could not reset its prefix cache: HTTP {r.status}: {(await r.text())[:200]}"
+            if not (await r.json()).get("reset"):
+                return "refused to reset its prefix cache (requests still held cached blocks)"
+            return ""
 
 
 async def replay_on(

@@ -69,7 +69,7 @@ def served(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         "warning",
     ]
     with running(argv, env=child_env(), log_path=log) as proc:
-        proc.wait_http(f"http://127.0.0.1:{port}/v1/models", timeout=240)
+        proc.wait_http(f"http://127.0.0.1:{port}/health", timeout=240)  # 200 once the engine is ready
         yield f"http://127.0.0.1:{port}"
 
 
