@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import shlex
+import signal
 import sys
 import tempfile
 from datetime import UTC, datetime
@@ -96,6 +97,8 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         logging.getLogger("httpx").setLevel(logging.WARNING)
+        # Stopped with SIGTERM, the started workers (each in a session of its own) are stopped too.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         try:
             scenarios = select(options["scenarios"])
         except ValueError as exc:
