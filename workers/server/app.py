@@ -158,6 +158,7 @@ class _Run:
     finish_reason: str | None = None  # the final output's, kept for a non-streaming reply
     stop_reason: int | str | None = None
     metrics: RequestMetrics | None = None  # the final output's: the engine's record of the request
+    received_at: float | None = None  # time.monotonic() when the server began reading the request
     # Streaming: each SSE event that carried tokens, (time.monotonic() when
     # written, its tokens), and the tokens received but not yet written (a
     # split character waits for the next event): the client's view.
@@ -221,6 +222,9 @@ class OpenAIServer:
         return await self._serve(request, "chat")
 
     async def _serve(self, request: Request, kind: str) -> Response:
+        # TTFT counts from here, as the client's does: reading, parsing and
+        # tokenizing on a busy worker come before the engine's arrival time.
+        received_at = time.monotonic()
         try:
             raw = await read_body(request, self.max_request_bytes)
             parse = p.parse_completion if kind == "completion" else p.parse_chat
@@ -262,16 +266,16 @@ class OpenAIServer:
                     headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
                 )
             )
-        return await _cancel_on_disconnect(request, self._run(ticket, req, response_id, request_ids))
+        return await _cancel_on_disconnect(request, self._run(ticket, req, response_id, request_ids, received_at))
 
     async def _run(
-        self, ticket: Ticket, req: p.CompletionRequest, response_id: str, request_ids: list[str]
+        self, ticket: Ticket, req: p.CompletionRequest, response_id: str, request_ids: list[str], received_at: float
     ) -> Response:
         engine = ticket.engine
         runs: list[_Run] = []
         handed_over = False
         try:
-            runs = await self._start_runs(engine, req, request_ids)
+            runs = await self._start_runs(engine, req, request_ids, received_at)
             if req.stream:
                 handed_over = True
                 return EventStreamResponse(self._events(ticket, engine, req, response_id, runs))
@@ -285,7 +289,9 @@ class OpenAIServer:
                 finally:
                     ticket.release()
 
-    async def _start_runs(self, engine: AsyncEngine, req: p.CompletionRequest, request_ids: list[str]) -> list[_Run]:
+    async def _start_runs(
+        self, engine: AsyncEngine, req: p.CompletionRequest, request_ids: list[str], received_at: float
+    ) -> list[_Run]:
         """Tokenize, check the context, submit, and await each first output."""
         prompts: list[str | list[int]]
         if req.kind == "chat":
@@ -320,7 +326,14 @@ class OpenAIServer:
                 params = dataclasses.replace(req.params, stop=list(req.params.stop))
                 stream = engine.generate(token_ids, params, request_id)
                 runs.append(
-                    _Run(index, request_id, prompt if isinstance(prompt, str) else None, list(token_ids), stream)
+                    _Run(
+                        index,
+                        request_id,
+                        prompt if isinstance(prompt, str) else None,
+                        list(token_ids),
+                        stream,
+                        received_at=received_at,
+                    )
                 )
             for run in runs:
                 run.first = await self._first(run)
@@ -443,7 +456,7 @@ class OpenAIServer:
             raise p.ApiError(f"The engine failed: {exc}", status=500, type="server_error") from exc
         for run in runs:
             if run.metrics is not None:  # a whole reply: the client gets every token at once
-                self.exporter.observe_delivered(run.metrics, None)
+                self.exporter.observe_delivered(run.metrics, None, received_at=run.received_at)
         choices = []
         for run in runs:
             text = "".join(texts[run.index])
@@ -587,7 +600,7 @@ class OpenAIServer:
                     yield p.sse({**base, "choices": [choice]})
             for run in runs:  # every stream ended: the figures as the client saw them
                 if run.metrics is not None:
-                    self.exporter.observe_delivered(run.metrics, run.writes)
+                    self.exporter.observe_delivered(run.metrics, run.writes, received_at=run.received_at)
             if req.include_usage:
                 yield p.sse(
                     {

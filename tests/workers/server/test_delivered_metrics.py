@@ -159,6 +159,19 @@ def test_a_whole_reply_takes_the_engines_token_times() -> None:
     assert metric_value(text, "chunkpilot:delivery_lag_seconds_count") == 0
 
 
+def test_ttft_counts_from_when_the_server_began_reading_the_request() -> None:
+    """A busy worker reads and tokenizes before the engine's arrival time: the
+    client's TTFT includes that wait, so the worker's does too (it read 0.7x
+    the client's P99 under load)."""
+    exporter = MetricsExporter(model_name="tiny", max_model_len=4096)
+    m = RequestMetrics(arrival_time=0.5, first_token_time=1.0, token_times=[1.0, 1.01], num_output_tokens=2)
+    exporter.observe_delivered(m, [(1.002, 1), (1.012, 1)], received_at=0.2)
+    exporter.observe_delivered(m, None, received_at=0.3)
+    exporter.observe_delivered(m, None, received_at=0.9)  # a clock that says later than arrival changes nothing
+    text = exporter.render().decode()
+    assert metric_value(text, "chunkpilot:time_to_first_token_seconds_sum") == pytest.approx(0.802 + 0.7 + 0.5)
+
+
 def test_each_delta_merged_into_an_earlier_output_is_counted() -> None:
     def delta(token: int, finished: bool = False) -> RequestOutput:
         completion = CompletionOutput(0, f"t{token}", [token], None, "length" if finished else None)
