@@ -246,9 +246,10 @@ def test_requests_the_client_cancelled_count_apart_from_served_ones(clock) -> No
     )
     counted = {name: values["fleet"] for name, values in got.items()}
     # 21 served arrivals from 20 s to 0 s before the end, one each 1 s (the
-    # failed one among them): traffic from half a second before the first to
-    # the window's end.
-    traffic = figures.traffic_seconds(np.sort(np.array([-(20.0 - i) for i in range(20)] + [-3.5])), -30.0, 0.0)
+    # failed one among them), and 5 cancelled among them: traffic over every
+    # arrival.
+    arrivals = [-(20.0 - i) for i in range(20)] + [-3.5] + [-(10.5 - i) for i in range(5)]
+    traffic = figures.traffic_seconds(np.sort(np.array(arrivals)), -30.0, 0.0)
     assert counted == {
         "client_requests_per_second": pytest.approx(21 / traffic),
         "client_cancelled_per_second": pytest.approx(5 / traffic),
@@ -256,6 +257,19 @@ def test_requests_the_client_cancelled_count_apart_from_served_ones(clock) -> No
         "cancelled_requests": 5.0,
         "error_rate": pytest.approx(1 / 21),
     }
+
+
+def test_requests_cancelled_at_the_clients_cut_off_still_count_as_time_with_traffic(clock) -> None:
+    """A benchmark client sends at 1/s for 20 s and gives up on the last 10
+    requests at its cut-off: it served 10 requests in 20 s of sending, 0.5/s.
+    Over the served arrivals only the log read 10 requests in 10 s, 1.0/s."""
+    end = at(3600)
+    for i in range(20):
+        cancelled = i >= 10
+        log(end - timedelta(seconds=20 - i), status=499 if cancelled else 200, error="gone" if cancelled else "")
+    got = query.query("client_requests_per_second", 30, now=end)["fleet"]
+    assert got == pytest.approx(10 / figures.traffic_seconds(np.arange(-20.0, 0.0), -30.0, 0.0))
+    assert got == pytest.approx(0.5, rel=0.05)
 
 
 # ---- a short window over real scrapes has a point at every step ---------------------------
