@@ -149,6 +149,8 @@ def ensure_admin(password: str | None) -> str:
 def tiny_model_ready(model_dir: Path) -> bool:
     """Whether ``model_dir`` already holds the shipped tiny model (the
     demo's start then copies nothing, and says nothing about it)."""
+    # Imported here: only the demo's start asks, and a checkout without the
+    # workers' server (worker_server_available) never does.
     from workers.engines.reference.tiny import is_built
 
     return is_built(model_dir, seed=0)
