@@ -71,9 +71,10 @@ def rollout(fleet: Fleet, **fields: Any) -> Rollout:
 
 def test_rates_are_scaled_to_a_full_share_of_traffic_and_latencies_are_not() -> None:
     fleet = make_fleet(num_stable=1)
-    # A 10% canary finishing 6 requests a minute keeps pace with a 90% pool finishing 54.
-    requests(fleet, "canary", 6, ttft=0.3, start=55, every=9)
-    requests(fleet, "stable", 54, ttft=0.2, start=55, every=1)
+    # A 10% canary finishing 6 requests a minute keeps pace with a 90% pool finishing 54
+    # (both spread over the whole window: rates are over the time with traffic).
+    requests(fleet, "canary", 6, ttft=0.3, start=55, every=10)
+    requests(fleet, "stable", 54, ttft=0.2, start=60 - 5 / 9, every=10 / 9)
     samples = measure.collect(rollout(fleet), SPEC, {"canary": 1000, "stable": 9000}, timezone.now())
     throughput = samples["throughput"]
     assert throughput.canary == pytest.approx(6 / 60 * 10)
@@ -86,7 +87,7 @@ def test_rates_are_scaled_to_a_full_share_of_traffic_and_latencies_are_not() -> 
 
 def test_a_pool_without_weight_has_no_throughput_rather_than_a_division_by_zero() -> None:
     fleet = make_fleet(num_stable=1)
-    requests(fleet, "stable", 10, ttft=0.2, start=30, every=1)
+    requests(fleet, "stable", 10, ttft=0.2, start=57, every=6)
     samples = measure.collect(rollout(fleet), SPEC, {"canary": 0, "stable": 10000}, timezone.now())
     assert samples["throughput"].canary is None
     assert samples["throughput"].baseline == pytest.approx(10 / 60)
