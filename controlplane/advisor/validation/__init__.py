@@ -6,5 +6,7 @@ run is compared with it. ``python manage.py validate_decisions`` runs it
 
 * ``outcome``: a run's outcome and the rule "chunking pays" (pure);
 * ``scenarios``: the panel (pure);
-* ``harness``: worker sets, runs, the control plane's view of a run, the rows.
+* ``harness``: worker sets, runs, the control plane's view of a run, the rows;
+* ``experiment``: the experiments' recommendation on a sweep of arms against
+  a rerun of the recommended arm.
 """

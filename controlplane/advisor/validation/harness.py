@@ -417,6 +417,12 @@ class Harness:
     def _ready(self, stack: contextlib.ExitStack, name: str, vocabulary: list[int]) -> list[str]:
         """Workers serving profile ``name``, warmed up, their prefix cache empty."""
         fields = profiles(self.max_model_len, budget=self.budget, chunk_cap=self.chunk_cap)[name]
+        return self.ready(stack, name, fields, vocabulary)
+
+    def ready(
+        self, stack: contextlib.ExitStack, name: str, fields: Mapping[str, Any], vocabulary: list[int]
+    ) -> list[str]:
+        """Workers serving ``fields`` (a profile called ``name``), warmed up, their prefix cache empty."""
         urls = stack.enter_context(self.workers.serve(name, fields))
         lengths = {_card(u)[1] for u in urls}
         if lengths != {self.max_model_len}:
@@ -445,3 +451,8 @@ def _line(o: Outcome) -> str:
         f"goodput {o.goodput:.2f} req/s, prefix hits {o.prefix_hit_share:.0%}"
         + (f"; failed: {' | '.join(o.failure_reasons)}" if o.failure_reasons else "")
     )
+
+
+# For other checks on the same workers (``experiment``): a plan driven open loop, and a run's one-line summary.
+drive = _drive
+describe = _line

@@ -32,6 +32,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from controlplane.advisor.validation import experiment as ex
 from controlplane.advisor.validation import harness as h
 from controlplane.advisor.validation.outcome import Objectives
 from controlplane.advisor.validation.scenarios import select
@@ -50,6 +51,31 @@ def table(rows: list[h.Row], objectives: Objectives) -> str:
         if not r.agree:
             agree += f" (advisor: {'; '.join(r.advisor_reasons)[:300] or 'no reason given'})"
         lines.append(f"| {r.scenario.name} | {advisor} | {outcome} | {agree} |")
+    return "\n".join(lines)
+
+
+def experiment_table(rows: list[ex.ExperimentRow]) -> str:
+    """The markdown table: scenario, recommendation and why, the rerun's figures, confirmed?"""
+    lines = [
+        "| scenario | recommendation | its reason | rerun | confirmed? |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        rec = r.recommendation
+        said = rec.outcome.label + (f": {rec.winner}" if rec.winner else "")
+        rerun = "; ".join(
+            f"{name}: goodput {', '.join(f'{o.goodput:.2f}' for o in runs)} req/s, stall P99 "
+            + ", ".join("n/a" if o.stall_p99_seconds is None else f"{o.stall_p99_seconds * 1000:.0f}" for o in runs)
+            + " ms, "
+            + ", ".join(f"{o.output_tokens_per_second:.0f}" for o in runs)
+            + f" tok/s ({', '.join(str(o.num_requests) for o in runs)} requests)"
+            for name, runs in r.rerun.items()
+        )
+        confirmed = {True: "yes", False: "**no**", None: "nothing to confirm"}[r.confirmation.confirmed]
+        lines.append(
+            f"| {r.scenario.name} | {said} | {' '.join(rec.reasons)} | {rerun or 'none'} | "
+            f"{confirmed}: {r.confirmation.reason} |"
+        )
     return "\n".join(lines)
 
 
@@ -93,6 +119,18 @@ class Command(BaseCommand):
             metavar="NAME=VALUE",
             help="a setting the advisor reads (as an operator would set it), e.g. ADVISOR_MIN_REQUESTS=50",
         )
+        parser.add_argument(
+            "--experiment",
+            default="",
+            metavar="SCENARIO[,SCENARIO]",
+            help="instead of the panel: the experiments' recommendation on a sweep of arms for these scenarios, "
+            "against a rerun of the recommended arm on fresh repeats",
+        )
+        parser.add_argument(
+            "--caps", default="128,512", help="--experiment: the chunked arms' chunk caps (budget max(cap, 256))"
+        )
+        parser.add_argument("--repeats", type=int, default=2, help="--experiment: paired repeats of the sweep")
+        parser.add_argument("--rerun-repeats", type=int, default=2, help="--experiment: repeats of the rerun")
         parser.add_argument("--json", type=Path, help="write every row's figures and the advisor's report here")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -101,6 +139,9 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         try:
             scenarios = select(options["scenarios"])
+            if options["experiment"]:
+                select([n.strip() for n in options["experiment"].split(",") if n.strip()])
+                [int(c) for c in options["caps"].split(",")]
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
         objectives = Objectives(options["ttft_ms"] / 1000, options["tbt_ms"] / 1000, options["tpot_ms"] / 1000)
@@ -146,6 +187,9 @@ class Command(BaseCommand):
                 advisor_settings=settings,
                 say=lambda line: self.stdout.write(line),
             )
+            if options["experiment"]:
+                self._experiment(harness, options, command, started)
+                return
             rows = []
             for scenario in scenarios:
                 self.stdout.write(f"{scenario.name}: {scenario.what}")
@@ -175,6 +219,33 @@ class Command(BaseCommand):
                         "objectives": objectives.to_json(),
                         "rows": [r.to_json() for r in rows],
                     },
+                    indent=1,
+                    default=str,
+                )
+            )
+
+    def _experiment(self, harness: h.Harness, options: dict[str, Any], command: str, started: datetime) -> None:
+        """The experiments' recommendation on each scenario, against a rerun of the recommended arm."""
+        scenarios = select([n.strip() for n in options["experiment"].split(",") if n.strip()])
+        arms = ex.arms(options["max_model_len"], [int(c) for c in options["caps"].split(",")])
+        experiment = ex.Experiment(harness, arms, repeats=options["repeats"], rerun_repeats=options["rerun_repeats"])
+        rows = []
+        for scenario in scenarios:
+            self.stdout.write(f"{scenario.name}: {scenario.what}")
+            row = experiment.run(scenario)
+            self.stdout.write(f"  {row.recommendation.outcome.label}; confirmed: {row.confirmation.confirmed}")
+            rows.append(row)
+        self.stdout.write("")
+        self.stdout.write(f"Command: `{command}`, run {started:%Y-%m-%d %H:%M} UTC.")
+        self.stdout.write(
+            f"Arms: {', '.join(arms)}; {options['repeats']} paired repeats, rerun {options['rerun_repeats']}."
+        )
+        self.stdout.write("")
+        self.stdout.write(experiment_table(rows))
+        if options["json"]:
+            options["json"].write_text(
+                json.dumps(
+                    {"command": command, "started": started.isoformat(), "rows": [r.to_json() for r in rows]},
                     indent=1,
                     default=str,
                 )
