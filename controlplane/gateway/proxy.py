@@ -456,7 +456,14 @@ class Gateway:
         self.outstanding[worker.id] += 1
         rec.worker_id, rec.profile_revision_id = worker.id, worker.revision_id
         relay = _Relay(self, ex, req) if rec.stream else None
-        headers = [(b"content-type", b"application/json"), (b"x-request-id", rec.request_id.encode())]
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"x-request-id", rec.request_id.encode()),
+            # When the gateway took the request (nginx's and the APMs'
+            # X-Request-Start): the worker's TTFT counts from here, so time the
+            # request spent before the worker's loop read it is not lost.
+            (b"x-request-start", b"t=%.6f" % rec.created_at),
+        ]
         pending = upstream.start(
             worker.url + ex.path, headers, req.body, on_head=relay.on_head if relay is not None else None
         )

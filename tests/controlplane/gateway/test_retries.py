@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from typing import Any
@@ -179,3 +180,28 @@ def test_a_slow_whole_reply_within_the_read_timeout_is_not_cut() -> None:
 
     response, _ = through_gateway([slow], read_seconds=1.0)
     assert response.status_code == 200 and json.loads(response.content)["choices"][0]["text"] == " ok"
+
+
+@pytest.mark.parametrize("client", ["native", "httpx"])
+def test_the_worker_is_told_when_the_gateway_took_the_request(client: str) -> None:
+    """X-Request-Start (t=<unix seconds>, as nginx sets it): the worker's
+    TTFT starts there, so a wait before its loop read the request counts."""
+    seen: list[bytes] = []
+
+    async def records_head(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        seen.append(head)
+        length = next(
+            int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
+        )
+        await reader.readexactly(length)
+        writer.write(OK)
+        await writer.drain()
+
+    before = time.time()
+    response, _ = through_gateway([records_head], client=client)
+    after = time.time()
+    assert response.status_code == 200
+    (stamp,) = [line for line in seen[0].split(b"\r\n") if line.lower().startswith(b"x-request-start:")]
+    started = float(stamp.split(b":", 1)[1].strip().removeprefix(b"t="))
+    assert before <= started <= after

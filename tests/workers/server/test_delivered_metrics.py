@@ -24,7 +24,7 @@ from workers import engines, figures
 from workers.engines import stream
 from workers.engines.api import CompletionOutput, RequestMetrics, RequestOutput, StepMetrics
 from workers.profile import EngineProfile
-from workers.server.app import build_app
+from workers.server.app import build_app, request_start
 from workers.server.host import EngineHost, RunningProfile
 from workers.server.metrics import MetricsExporter
 
@@ -284,3 +284,18 @@ def test_a_worker_whose_event_loop_falls_behind_reports_the_stall_its_client_saw
     # every token event written has its delivery lag
     lags_before = metric_value(before_text, "chunkpilot:delivery_lag_seconds_count") or 0.0
     assert (metric_value(after_text, "chunkpilot:delivery_lag_seconds_count") or 0.0) - lags_before == len(times)
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        (None, 100.0),  # no proxy: when the server began reading
+        ("t=999.75", 99.75),  # the gateway took it 250 ms before this worker read it
+        ("999.75", 99.75),
+        ("t=1000.5", 100.0),  # from the future: clocks apart, ignored
+        ("t=100", 100.0),  # 900 s old: clocks apart, ignored
+        ("t=soon", 100.0),
+    ],
+)
+def test_a_proxys_request_start_moves_the_start_of_ttft_back(header: str | None, expected: float) -> None:
+    assert request_start(header, now_monotonic=100.0, now_wall=1000.0) == pytest.approx(expected)
