@@ -28,7 +28,8 @@ The rule "the rerun confirms it" (``confirms``, pure):
   between the two best tied arms (the baseline and the best other, when
   the baseline is among them) stays inside the sweep's 95% interval, or is
   under ``min_effect`` of the second's figure: the rerun does not find the
-  difference the sweep could not;
+  difference the sweep could not (an arm that breaks an objective in the
+  rerun is named in the reason);
 * needing repeats or no arm qualifying names nothing to confirm.
 """
 
@@ -170,10 +171,16 @@ def confirms(
         f"rerun difference {first.name} − {second.name} {after.mean:+.3g} {unit}; sweep's interval "
         f"{before.low:+.3g} to {before.high:+.3g}; {figures_text}"
     )
+    # The tie is on the score; an arm that breaks an objective in the rerun is named beside it.
+    broke = "".join(
+        f"; in the rerun {a.name} broke an objective: {'; '.join(v)}"
+        for a in (first, second)
+        if (v := rec.violations(a, objectives))
+    )
     if inside or small:
         why = "inside the sweep's interval" if inside else f"under {min_effect:.0%}"
-        return Confirmation(True, f"still a tie ({why}): {text}")
-    return Confirmation(False, f"the rerun tells them apart: {text}")
+        return Confirmation(True, f"still a tie ({why}): {text}{broke}")
+    return Confirmation(False, f"the rerun tells them apart: {text}{broke}")
 
 
 def _arm(arms_: Sequence[rec.ArmFigures], name: str) -> rec.ArmFigures:

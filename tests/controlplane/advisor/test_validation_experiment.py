@@ -105,6 +105,12 @@ def test_a_winner_because_the_baseline_broke_the_stall_objective_is_confirmed_wh
     assert c.confirmed is False, c.reason
 
 
+def test_a_confirmed_tie_names_an_arm_that_broke_an_objective_in_the_rerun() -> None:
+    _, c = judge(TIE_SWEEP, [arm(MONOLITHIC, [2.0, 2.05], stall=0.3), arm("chunk-128", [2.03, 2.0])])
+    assert c.confirmed is True
+    assert "monolithic broke an objective: stall P99 300 ms" in c.reason
+
+
 def test_keeping_the_baseline_is_rerun_against_the_runner_up() -> None:
     sweep = [arm(MONOLITHIC, [3.0, 3.1]), arm("chunk-128", [1.0, 1.1]), arm("chunk-512", [2.0, 2.1])]
     recommendation = recommend(sweep, OBJ, baseline=MONOLITHIC)
