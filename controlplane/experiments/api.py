@@ -43,6 +43,11 @@ from controlplane.fleet.models import Pool, Worker
 from controlplane.profiles.models import Profile, ProfileRevision
 from workers import loadgen
 
+# Upper bounds of what a client controls: every size, count and duration.
+MAX_LOADGEN_RATE = 1000.0  # requests per second
+MAX_LOADGEN_SECONDS = 24 * 3600.0
+MAX_LOADGEN_REQUESTS = 10_000  # rate × duration, drawn in the request: 10,000 took 2.5 s and 48 MB at load 4
+
 
 class WorkloadSerializer(StrictModelSerializer):
     class Meta:
@@ -59,15 +64,26 @@ class WorkloadCreateSerializer(StrictSerializer):
     pool = serializers.SlugRelatedField(slug_field="name", queryset=Pool.objects.all(), required=False, allow_null=True)
     model = serializers.CharField(required=False, allow_blank=True, default="")
     scenario = serializers.ChoiceField(choices=list(loadgen.SCENARIOS), required=False)
-    rate = serializers.FloatField(required=False, min_value=0.001)
-    duration_seconds = serializers.FloatField(required=False, min_value=1.0)
-    seed = serializers.IntegerField(required=False, default=0)
+    rate = serializers.FloatField(required=False, min_value=0.001, max_value=MAX_LOADGEN_RATE)
+    duration_seconds = serializers.FloatField(required=False, min_value=1.0, max_value=MAX_LOADGEN_SECONDS)
+    seed = serializers.IntegerField(required=False, default=0, min_value=0, max_value=2**32 - 1)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         needed = ("start", "end") if attrs["source"] == "request_log" else ("scenario", "rate", "duration_seconds")
         missing = {name: [f"required for source {attrs['source']}."] for name in needed if attrs.get(name) is None}
         if missing:
             raise serializers.ValidationError(missing)
+        if attrs["source"] == "loadgen" and attrs["rate"] * attrs["duration_seconds"] > MAX_LOADGEN_REQUESTS:
+            # The workload is drawn inside the request: bounded so one call
+            # cannot take the web process's memory (1.6e308 s grew it to 18 GB).
+            raise serializers.ValidationError(
+                {
+                    "duration_seconds": [
+                        f"rate × duration_seconds is {attrs['rate'] * attrs['duration_seconds']:.0f} requests; "
+                        f"a loadgen workload holds at most {MAX_LOADGEN_REQUESTS}."
+                    ]
+                }
+            )
         return attrs
 
 
@@ -161,10 +177,14 @@ class ExperimentCreateSerializer(StrictSerializer):
         help_text="[{name, fields}]; default: the pools' current profile as the baseline (a monolithic arm beside a "
         "chunked one) and chunk caps 256, 512, 1024, 2048 that keep its other knobs",
     )
-    duration_seconds = serializers.FloatField(required=False, default=60.0)
-    warmup_seconds = serializers.FloatField(required=False, default=10.0)
+    duration_seconds = serializers.FloatField(required=False, default=60.0, max_value=3600.0)
+    warmup_seconds = serializers.FloatField(required=False, default=10.0, max_value=600.0)
     repeats = serializers.IntegerField(
-        required=False, default=DEFAULT_REPEATS, help_text="paired repeats; one names no winner"
+        required=False,
+        default=DEFAULT_REPEATS,
+        min_value=1,
+        max_value=20,
+        help_text="paired repeats; one names no winner",
     )
     baseline = serializers.CharField(
         required=False,
@@ -178,18 +198,23 @@ class ExperimentCreateSerializer(StrictSerializer):
         allow_null=True,
         help_text="default arms only: the baseline runs this revision instead of the pools' current profile",
     )
-    rate_scale = serializers.FloatField(required=False, default=1.0)
+    rate_scale = serializers.FloatField(required=False, default=1.0, min_value=0.001, max_value=100.0)
     objectives = serializers.DictField(
-        child=serializers.FloatField(), required=False, help_text=f"P99 objectives in ms; default {DEFAULT_OBJECTIVES}"
+        child=serializers.FloatField(min_value=0.001, max_value=3_600_000.0),
+        required=False,
+        help_text=f"P99 objectives in ms; default {DEFAULT_OBJECTIVES}",
     )
     capacity_rate_scales = serializers.ListField(
-        child=serializers.FloatField(min_value=0.001),
+        child=serializers.FloatField(min_value=0.001, max_value=100.0),
         required=False,
         default=list,
+        max_length=20,
         help_text="measure each arm's serving capacity: replay at these rising multiples of the rate, up to the "
         "first at which fewer than 90% of the requests meet both objectives; default: not measured",
     )
-    capacity_seconds = serializers.FloatField(required=False, default=30.0, help_text="replay per ramp point")
+    capacity_seconds = serializers.FloatField(
+        required=False, default=30.0, max_value=600.0, help_text="replay per ramp point"
+    )
 
 
 class AbortSerializer(StrictSerializer):

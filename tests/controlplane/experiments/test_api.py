@@ -242,6 +242,51 @@ def test_a_bad_capacity_ramp_is_a_400_naming_the_field(operator: Any, body: dict
     assert not Experiment.objects.exists()
 
 
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"duration_seconds": 1.6e308}, "duration_seconds"),  # the fuzzer's call that grew the web process to 18 GB
+        ({"rate": 1e9}, "rate"),
+        ({"rate": 50, "duration_seconds": 3600}, "duration_seconds"),  # 180,000 requests, drawn in the request
+        ({"seed": 2**70}, "seed"),
+    ],
+)
+def test_a_loadgen_workload_past_its_bounds_is_a_400_naming_the_field(operator: Any, change: dict, field: str) -> None:
+    body = {"name": "big", "source": "loadgen", "scenario": "long-tail", "rate": 0.5, "duration_seconds": 60, **change}
+    response = operator.post("/api/v1/workloads/", body, format="json")
+    assert response.status_code == 400, response.content
+    assert field in response.json(), response.json()
+    assert not Workload.objects.exists()
+
+
+def test_the_largest_loadgen_workload_allowed_is_accepted(operator: Any) -> None:
+    body = {"name": "largest", "source": "loadgen", "scenario": "long-tail", "rate": 10, "duration_seconds": 1000}
+    response = operator.post("/api/v1/workloads/", body, format="json")
+    assert response.status_code == 201, response.content
+    assert response.json()["num_requests"] > 0
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"duration_seconds": 1e300}, "duration_seconds"),
+        ({"repeats": 10**6}, "repeats"),
+        ({"rate_scale": 1e12}, "rate_scale"),
+        ({"capacity_rate_scales": [1.0 + i for i in range(50)]}, "capacity_rate_scales"),
+        ({"capacity_seconds": 1e9}, "capacity_seconds"),
+    ],
+)
+def test_an_experiment_past_its_bounds_is_a_400_naming_the_field(operator: Any, change: dict, field: str) -> None:
+    response = operator.post(
+        "/api/v1/experiments/",
+        {"name": "big", "workload": scenario_workload().pk, "workers": [lab_workers(1)[0].name], **change},
+        format="json",
+    )
+    assert response.status_code == 400, response.content
+    assert field in response.json(), response.json()
+    assert not Experiment.objects.exists()
+
+
 def test_a_capacity_ramp_is_stored_and_counted_in_the_arm_time(operator: Any) -> None:
     response = operator.post(
         "/api/v1/experiments/",
