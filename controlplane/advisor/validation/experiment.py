@@ -172,15 +172,15 @@ def confirms(
         f"{before.low:+.3g} to {before.high:+.3g}; {figures_text}"
     )
     # The tie is on the score; an arm that breaks an objective in the rerun is named beside it.
-    broke = "".join(
-        f"; in the rerun {a.name} broke an objective: {'; '.join(v)}"
-        for a in (first, second)
-        if (v := rec.violations(a, objectives))
+    noted = "".join(
+        f"; in the rerun {arm_.name} broke an objective: {'; '.join(v)}"
+        for arm_ in (first, second)
+        if (v := rec.violations(arm_, objectives))
     )
     if inside or small:
         why = "inside the sweep's interval" if inside else f"under {min_effect:.0%}"
-        return Confirmation(True, f"still a tie ({why}): {text}{broke}")
-    return Confirmation(False, f"the rerun tells them apart: {text}{broke}")
+        return Confirmation(True, f"still a tie ({why}): {text}{noted}")
+    return Confirmation(False, f"the rerun tells them apart: {text}{noted}")
 
 
 def _arm(arms_: Sequence[rec.ArmFigures], name: str) -> rec.ArmFigures:
