@@ -141,7 +141,8 @@ class Command(BaseCommand):
             scenarios = select(options["scenarios"])
             if options["experiment"]:
                 select([n.strip() for n in options["experiment"].split(",") if n.strip()])
-                [int(c) for c in options["caps"].split(",")]
+                if not all(c.strip().isdigit() and int(c) > 0 for c in options["caps"].split(",")):
+                    raise ValueError(f"--caps {options['caps']!r}: chunk caps are positive whole numbers, e.g. 128,512")
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
         objectives = Objectives(options["ttft_ms"] / 1000, options["tbt_ms"] / 1000, options["tpot_ms"] / 1000)
