@@ -73,7 +73,7 @@ def experiment_table(rows: list[ex.ExperimentRow]) -> str:
         )
         confirmed = {True: "yes", False: "**no**", None: "nothing to confirm"}[r.confirmation.confirmed]
         lines.append(
-            f"| {r.scenario.name} | {said} | {' '.join(rec.reasons)} | {rerun or 'none'} | "
+            f"| {r.scenario.name} | {said} | {'; '.join(rec.reasons)} | {rerun or 'none'} | "
             f"{confirmed}: {r.confirmation.reason} |"
         )
     return "\n".join(lines)
