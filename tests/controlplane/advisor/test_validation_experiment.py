@@ -152,6 +152,27 @@ def test_outcomes_become_an_arms_figures_repeat_by_repeat() -> None:
     assert ex.figures("x", [outcome(0.0, None, ok=0)]).failed
 
 
+def test_the_commands_table_shows_the_recommendation_the_rerun_and_whether_it_held() -> None:
+    from controlplane.advisor.management.commands.validate_decisions import experiment_table
+
+    def outcome(goodput: float) -> Outcome:
+        return Outcome(36, 36, 20.0, 0.08, 0.02, 0.03, 0.1, 0.4, 120.0, goodput, 0.0)
+
+    rerun = [arm("chunk-128", [1.9, 2.0]), arm(MONOLITHIC, [1.0, 1.0])]
+    recommendation, c = judge(WINNER_SWEEP, rerun)
+    row = ex.ExperimentRow(
+        select(["long-tail"])[0],
+        recommendation,
+        {},
+        {"chunk-128": [outcome(1.9), outcome(2.0)], MONOLITHIC: [outcome(1.0), outcome(1.0)]},
+        c,
+    )
+    line = experiment_table([row]).splitlines()[-1]
+    assert line.startswith("| long-tail | winner: chunk-128 | chunk-128 has the highest goodput")
+    assert "chunk-128: goodput 1.90, 2.00 req/s, stall P99 80, 80 ms, 120, 120 tok/s (36, 36 requests)" in line
+    assert line.endswith(f"| yes: {c.reason} |")
+
+
 # ---- one real sweep and rerun -------------------------------------------------------------------
 
 
