@@ -26,6 +26,7 @@ from django.conf import settings
 from rest_framework.authtoken.models import Token
 
 from controlplane.accounts.roles import Role
+from controlplane.audit.models import AuditEvent
 from controlplane.experiments.models import Experiment, Workload
 from controlplane.fleet.models import EnrollmentToken, Pool, Worker
 from controlplane.gateway.models import ClientKey, PoolSpec, RequestLog, RoutingTable
@@ -216,7 +217,17 @@ def test_an_experiment_runs_every_arm_out_of_traffic_and_resumes_after_its_worke
                 assert exp.started_at is not None and exp.finished_at is not None
                 routed = RequestLog.objects.filter(created_at__gte=exp.started_at, created_at__lte=exp.finished_at)
                 assert routed.filter(worker=other).exists(), "client traffic flowed meanwhile"
-                reached = list(routed.filter(worker=lab).values_list("created_at", "status", "error"))
+                # Out of traffic from started_at until the runner put it back
+                # (uncordoned, then waited for its revision before finished_at):
+                # requests after the restore may reach it, as they should.
+                restored = (
+                    AuditEvent.objects.filter(action="worker.restore", object_id=str(lab.pk), time__gte=exp.started_at)
+                    .order_by("time")
+                    .values_list("time", flat=True)
+                    .first()
+                )
+                out = routed.filter(created_at__lt=restored) if restored is not None else routed
+                reached = list(out.filter(worker=lab).values_list("created_at", "status", "error"))
                 assert not reached, f"no client request reached the lab worker (out at {exp.started_at}): {reached}"
                 print(
                     "e2e experiment: "
