@@ -74,7 +74,7 @@ class Command(BaseCommand):
         with tempfile.TemporaryDirectory(prefix="bench-gateway-") as tmp:
             workdir = Path(tmp)
             with self._worker(options, workdir) as worker_url:
-                rows = _Rows.make(tag, model, worker_url)
+                rows = BenchRows.make(tag, model, worker_url)
                 try:
                     self._run(options, load, rows, worker_url, workdir)
                 finally:
@@ -104,7 +104,7 @@ class Command(BaseCommand):
             wait_http(f"{url}/health", proc)
             yield url
 
-    def _run(self, options: dict[str, Any], load: bench.Load, rows: _Rows, worker_url: str, workdir: Path) -> None:
+    def _run(self, options: dict[str, Any], load: bench.Load, rows: BenchRows, worker_url: str, workdir: Path) -> None:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         with contextlib.ExitStack() as stack:
             gateway_urls, gateway_pids = [], []
@@ -273,8 +273,10 @@ def _use_uvloop() -> None:
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
-class _Rows:
-    """The benchmark's own rows, made and removed around the run."""
+class BenchRows:
+    """A benchmark's own rows, made and removed around the run: a stable and
+    a canary pool (canary weight 0), their workers, the routing table, a
+    client key. bench_fidelity uses them too."""
 
     def __init__(self, tag: str, table: Any, pools: list[Any], workers: list[Any], key_row: Any, key: str):
         self.tag, self.table, self.pools, self.workers, self.key_row, self.key = (
@@ -287,7 +289,9 @@ class _Rows:
         )
 
     @classmethod
-    def make(cls, tag: str, model: str, worker_url: str) -> _Rows:
+    def make(cls, tag: str, model: str, worker_url: str, *, canary_worker: bool = True) -> BenchRows:
+        """``canary_worker=False``: the worker only in the stable pool (a
+        scraper would read one worker's page twice under two rows)."""
         actor = f"system:{tag}"
         if RoutingTable.objects.filter(model=model).exists():
             raise CommandError(f"a routing table for {model!r} exists already; benchmark another model name")
@@ -296,7 +300,7 @@ class _Rows:
             Worker.objects.create(
                 name=f"{tag}-{pool.name}", url=worker_url, pool=pool, state=WorkerState.READY, model=model
             )
-            for pool in pools
+            for pool in (pools if canary_worker else pools[:1])
         ]
         table = RoutingTable.create_audited(model, actor=actor)
         table.configure([PoolSpec(pools[0], "stable", 10000), PoolSpec(pools[1], "canary", 0)], actor=actor)

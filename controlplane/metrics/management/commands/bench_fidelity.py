@@ -57,9 +57,8 @@ import httpx
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
 
-from controlplane.fleet.health import WorkerState
-from controlplane.fleet.models import Pool, Worker
-from controlplane.gateway.models import ClientKey, PoolSpec, RequestLog, RoutingTable
+from controlplane.gateway.management.commands.bench_gateway import BenchRows
+from controlplane.gateway.models import ClientKey, RequestLog, RoutingTable
 from controlplane.launcher import child, free_port, gateway_argv, wait_http, wait_until, worker_argv
 from controlplane.metrics import conf, figures, query
 from controlplane.metrics.scrape import jobs_for_fleet, scrape_fleet
@@ -429,7 +428,7 @@ class Command(BaseCommand):
         worker_env = {**env, **({"OMP_NUM_THREADS": str(options["threads"])} if options["threads"] > 0 else {})}
         port, gateway_port = free_port(), free_port()
         worker_url, gateway_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{gateway_port}"
-        rows = _Rows.make(tag, model, worker_url)
+        rows = BenchRows.make(tag, model, worker_url, canary_worker=False)
         try:
             with contextlib.ExitStack() as stack:
                 argv = worker_argv(
@@ -539,40 +538,3 @@ class _Scraper(threading.Thread):
             raise
         finally:
             connection.close()
-
-
-class _Rows:
-    """The benchmark's rows: a pool, its worker, the routing table, a client key."""
-
-    def __init__(
-        self, tag: str, table: RoutingTable, pools: list[Pool], workers: list[Worker], key_row: ClientKey, key: str
-    ):
-        self.tag, self.table, self.pools, self.workers, self.key_row, self.key = (
-            tag,
-            table,
-            pools,
-            workers,
-            key_row,
-            key,
-        )
-
-    @classmethod
-    def make(cls, tag: str, model: str, worker_url: str) -> _Rows:
-        actor = f"system:{tag}"
-        pools = [Pool.objects.create(name=f"{tag}-{role}") for role in ("stable", "canary")]
-        workers = [
-            Worker.objects.create(name=f"{tag}-w", url=worker_url, pool=pools[0], state=WorkerState.READY, model=model)
-        ]
-        table = RoutingTable.create_audited(model, actor=actor)
-        table.configure([PoolSpec(pools[0], "stable", 10000), PoolSpec(pools[1], "canary", 0)], actor=actor)
-        key_row, key = ClientKey.issue(tag, actor=actor)
-        return cls(tag, table, pools, workers, key_row, key)
-
-    def delete(self) -> None:
-        RequestLog.objects.filter(api_key=self.key_row).delete()
-        self.table.delete()
-        self.key_row.delete()
-        for worker in self.workers:
-            worker.delete()
-        for pool in self.pools:
-            pool.delete()
