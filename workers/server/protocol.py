@@ -86,28 +86,12 @@ class CompletionRequest:
 MAX_JSON_DEPTH = 32
 
 
-def _depth_over(value: Any, limit: int) -> bool:
-    """Whether ``value`` nests deeper than ``limit``, walked without recursion."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
-        for child in children:
-            if isinstance(child, (dict, list)):
-                if depth + 1 > limit:
-                    return True
-                stack.append((child, depth + 1))
-    return False
-
-
 def parse_json(raw: bytes) -> dict[str, Any]:
     try:
         data = json.loads(raw)
         if not isinstance(data, dict):
             raise bad("the request body must be a JSON object.", code="invalid_json")
-        if _depth_over(data, MAX_JSON_DEPTH):
-            raise bad(f"the request body is nested deeper than {MAX_JSON_DEPTH} levels.", code="invalid_json")
-        _check_text(data, "")
+        _check_body(data)
     except RecursionError as exc:  # ``[`` × 100,000: past the interpreter's stack, not a server fault
         raise bad("the request body is nested too deeply.", code="invalid_json") from exc
     except (ValueError, UnicodeDecodeError) as exc:
@@ -116,27 +100,38 @@ def parse_json(raw: bytes) -> dict[str, Any]:
     return data
 
 
-def _check_text(value: Any, path: str) -> None:
-    """Every string must be encodable as UTF-8: JSON's ``\\ud800`` escape
-    gives Python a lone surrogate, which tokenizers (and the reply's own
-    encoder) refuse deep inside; refused here with the field named."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            name = path or "body"
-            raise bad(
-                f"`{name}` holds a lone surrogate ({value[exc.start]!a} at {exc.start}): not valid Unicode text.",
-                param=name,
-            ) from exc
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _check_text(key, path or "body")
-            _check_text(item, f"{path}.{key}" if path else str(key))
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            if isinstance(item, str | list | dict):
-                _check_text(item, f"{path}[{index}]")
+def _check_body(body: dict[str, Any]) -> None:
+    """One walk, without recursion, over the parsed body: it nests at most
+    ``MAX_JSON_DEPTH`` levels, and every string is encodable as UTF-8 (JSON's
+    ``\\ud800`` escape gives Python a lone surrogate, which tokenizers and the
+    reply's own encoder refuse deep inside; refused here with the field named)."""
+    stack: list[tuple[Any, str, int]] = [(body, "", 1)]
+    while stack:
+        value, path, depth = stack.pop()
+        if isinstance(value, str):
+            _check_text(value, path or "body")
+            continue
+        if depth > MAX_JSON_DEPTH:
+            raise bad(f"the request body is nested deeper than {MAX_JSON_DEPTH} levels.", code="invalid_json")
+        if isinstance(value, dict):
+            for key, item in value.items():
+                _check_text(key, path or "body")
+                if isinstance(item, str | list | dict):
+                    stack.append((item, f"{path}.{key}" if path else str(key), depth + 1))
+        else:
+            for index, item in enumerate(value):
+                if isinstance(item, str | list | dict):
+                    stack.append((item, f"{path}[{index}]", depth + 1))
+
+
+def _check_text(text: str, name: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise bad(
+            f"`{name}` holds a lone surrogate ({text[exc.start]!a} at {exc.start}): not valid Unicode text.",
+            param=name,
+        ) from exc
 
 
 def check_model(data: dict[str, Any], served: tuple[str, ...]) -> None:
