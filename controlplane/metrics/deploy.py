@@ -66,26 +66,6 @@ def metric_names(expr: str) -> set[str]:
 # ---- Grafana ------------------------------------------------------------------------
 
 _GRAFANA_UNITS = {"duration": "s", "percent": "percentunit", "times": "none", "rate": "reqps", "number": "none"}
-_CHARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("TTFT P99", ("ttft_p99",)),
-    ("Memory peak/mean", ("memory_peak_to_mean",)),
-    ("Prefill wait (mean, P99)", ("prefill_wait_mean", "prefill_wait_p99")),
-    ("KV fragmentation", ("kv_fragmentation",)),
-)
-_BESIDE: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("ITL P99", ("itl_p99",)),
-    ("Stalls P99 (largest gap per request)", ("stall_p99",)),
-    ("Stalls P99: as written vs as the engine produced", ("stall_p99", "engine_stall_p99")),
-    ("Delivery lag P99", ("delivery_lag_p99",)),
-    ("Merged deltas/s", ("merged_deltas_per_second",)),
-    ("Samples behind the percentiles (requests)", ("ttft_samples", "stall_samples")),
-    ("TPOT (mean, P99)", ("tpot_mean", "tpot_p99")),
-    ("Queue time (mean, P99)", ("queue_time_mean", "queue_time_p99")),
-    ("Token mix per step", ("prefill_tokens_per_step", "decode_tokens_per_step")),
-    ("Preemptions/s", ("preemptions_per_second",)),
-    ("Prefix-cache hit rate", ("prefix_cache_hit_rate",)),
-    ("Throughput", ("requests_per_second", "output_tokens_per_second")),
-)
 
 
 def _panel(panel_id: int, title: str, names: tuple[str, ...], x: int, y: int, width: int) -> dict[str, Any]:
@@ -144,15 +124,15 @@ def grafana_dashboard() -> dict[str, Any]:
         y += 1
 
     row("The four figures: is chunked prefill tuned right?")
-    for i, (title, names) in enumerate(_CHARTS):
-        panels.append(_panel(next_id, title, names, x=(i % 2) * 12, y=y + (i // 2) * 8, width=12))
+    for i, chart in enumerate(figures.PANEL_CHARTS):
+        panels.append(_panel(next_id, chart.title, chart.figures, x=(i % 2) * 12, y=y + (i // 2) * 8, width=12))
         next_id += 1
     y += 16
     row("Beside them")
-    for i, (title, names) in enumerate(_BESIDE):
-        panels.append(_panel(next_id, title, names, x=(i % 3) * 8, y=y + (i // 3) * 8, width=8))
+    for i, chart in enumerate(figures.BESIDE_CHARTS):
+        panels.append(_panel(next_id, chart.title, chart.figures, x=(i % 3) * 8, y=y + (i // 3) * 8, width=8))
         next_id += 1
-    y += 8 * ((len(_BESIDE) + 2) // 3)
+    y += 8 * ((len(figures.BESIDE_CHARTS) + 2) // 3)
     row("Workers")
     panels.append(
         {

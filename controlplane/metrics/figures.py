@@ -1117,20 +1117,64 @@ for _stem, _histogram in _BY_PROMPT.items():
         FIGURES[_name] = replace(FIGURES[_name], by_prompt=(_histogram, _pct / 100))
     FIGURES[f"{_stem}_samples"] = replace(FIGURES[f"{_stem}_samples"], by_prompt=(_histogram, None))
 
-# The four figures that decide whether chunked prefill is tuned right (docs/architecture.md, "Metrics").
-PANEL_FIGURES: tuple[str, ...] = ("ttft_p99", "memory_peak_to_mean", "prefill_wait_p99", "kv_fragmentation")
-BESIDE_FIGURES: tuple[str, ...] = (
-    "prefill_wait_mean",
-    "itl_p99",
-    "stall_p99",
-    "tpot_p99",
-    "queue_time_p99",
-    "prefill_tokens_per_step",
-    "decode_tokens_per_step",
-    "preemptions_per_second",
-    "prefix_cache_hit_rate",
-    "output_tokens_per_second",
+# ---- the panel's layout: one table for the pages and the Grafana export ----------------
+
+
+@dataclass(frozen=True)
+class Chart:
+    """One chart of the panel: its element id, title and the figures it draws.
+    ``decides`` is the figure the chart is judged by (the P99 where it draws a
+    mean beside it)."""
+
+    id: str
+    title: str
+    figures: tuple[str, ...]
+    decides: str = ""
+
+    @property
+    def decisive(self) -> str:
+        return self.decides or self.figures[0]
+
+
+# The four figures that decide whether chunked prefill is tuned right
+# (docs/architecture.md, "Metrics"): one chart each, on the pages and in Grafana.
+PANEL_CHARTS: tuple[Chart, ...] = (
+    Chart("ttft", "TTFT P99", ("ttft_p99",)),
+    Chart("memory", "Memory peak/mean", ("memory_peak_to_mean",)),
+    Chart(
+        "prefill_wait",
+        "Prefill wait (mean, P99)",
+        ("prefill_wait_mean", "prefill_wait_p99"),
+        decides="prefill_wait_p99",
+    ),
+    Chart("kv_fragmentation", "KV fragmentation", ("kv_fragmentation",)),
 )
+# The figures beside them: Grafana draws each chart; the panel page's table
+# shows each figure once (a percentile's sample count rides beside its value there).
+BESIDE_CHARTS: tuple[Chart, ...] = (
+    Chart("itl", "ITL P99", ("itl_p99",)),
+    Chart("stall", "Stalls P99 (largest gap per request)", ("stall_p99",)),
+    Chart("engine_stall", "Stalls P99: as written vs as the engine produced", ("stall_p99", "engine_stall_p99")),
+    Chart("delivery_lag", "Delivery lag P99", ("delivery_lag_p99",)),
+    Chart("merged_deltas", "Merged deltas/s", ("merged_deltas_per_second",)),
+    Chart("samples", "Samples behind the percentiles (requests)", ("ttft_samples", "stall_samples")),
+    Chart("tpot", "TPOT (mean, P99)", ("tpot_mean", "tpot_p99"), decides="tpot_p99"),
+    Chart("queue_time", "Queue time (mean, P99)", ("queue_time_mean", "queue_time_p99"), decides="queue_time_p99"),
+    Chart("token_mix", "Token mix per step", ("prefill_tokens_per_step", "decode_tokens_per_step")),
+    Chart("preemptions", "Preemptions/s", ("preemptions_per_second",)),
+    Chart("prefix_cache", "Prefix-cache hit rate", ("prefix_cache_hit_rate",)),
+    Chart("throughput", "Throughput", ("requests_per_second", "output_tokens_per_second")),
+)
+
+
+def figures_of(charts: Sequence[Chart]) -> tuple[str, ...]:
+    """The charts' figures in order, each once."""
+    return tuple(dict.fromkeys(n for chart in charts for n in chart.figures))
+
+
+PANEL_FIGURES: tuple[str, ...] = tuple(chart.decisive for chart in PANEL_CHARTS)
+_SAMPLE_COUNTS = {f.samples for f in FIGURES.values() if f.samples}
+BESIDE_FIGURES: tuple[str, ...] = tuple(n for n in figures_of(BESIDE_CHARTS) if n not in _SAMPLE_COUNTS)
 LENGTH_TABLE_FIGURES: tuple[str, ...] = (
     "request_count",
     "client_ttft_p50",

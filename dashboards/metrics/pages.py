@@ -35,36 +35,12 @@ PANEL_GROUPS = ("cohort", "pool", "worker", "fleet")
 COHORTS = ("stable", "canary", "baseline")
 
 
-@dataclass(frozen=True)
-class Chart:
-    """One chart of a page: its element id, title and the figures it draws."""
-
-    id: str
-    title: str
-    figures: tuple[str, ...]
-
-
-# The four-figure panel: one chart each (prefill wait draws mean and P99).
-PANEL_CHARTS: tuple[Chart, ...] = (
-    Chart("ttft", "TTFT P99", ("ttft_p99",)),
-    Chart("memory", "Memory peak/mean", ("memory_peak_to_mean",)),
-    Chart("prefill_wait", "Prefill wait (mean, P99)", ("prefill_wait_mean", "prefill_wait_p99")),
-    Chart("kv_fragmentation", "KV fragmentation", ("kv_fragmentation",)),
-)
+# The panel's charts and the table beside them: the layout Grafana's export draws too.
+PANEL_CHARTS = figures.PANEL_CHARTS
 # The charts' figures, in their order: the table's panel columns are the charts' newest points.
-PANEL_TABLE = tuple(n for chart in PANEL_CHARTS for n in chart.figures)
-BESIDE = (
-    "itl_p99",
-    "stall_p99",
-    "tpot_p99",
-    "queue_time_p99",
-    "prefill_tokens_per_step",
-    "decode_tokens_per_step",
-    "preemptions_per_second",
-    "prefix_cache_hit_rate",
-    "output_tokens_per_second",
-)
-COMPARE_SCRAPE = (*PANEL_TABLE, *BESIDE, "requests_per_second")
+PANEL_TABLE = figures.figures_of(PANEL_CHARTS)
+BESIDE = figures.BESIDE_FIGURES
+COMPARE_SCRAPE = tuple(dict.fromkeys((*PANEL_TABLE, *BESIDE, "requests_per_second")))
 COMPARE_REQUESTS = (
     "client_ttft_p99",
     "client_tpot_p99",

@@ -110,3 +110,25 @@ def test_service_discovery_labels_each_worker_with_pool_and_cohort() -> None:
             },
         },
     ]
+
+
+def test_grafana_draws_the_panel_layout_the_pages_draw() -> None:
+    """One layout table: Grafana's first two rows are the panel's charts and
+    the charts beside them, in order, each reading the figures it names."""
+    charts = [p for p in deploy.grafana_dashboard()["panels"] if p["type"] == "timeseries"]
+    layout = (*figures.PANEL_CHARTS, *figures.BESIDE_CHARTS)
+    for panel, chart in zip(charts, layout, strict=False):
+        assert panel["title"] == chart.title
+        assert [t["expr"] for t in panel["targets"]] == [
+            deploy.expression(figures.get(n), grouping="$group", window="$window", selector='pool=~"$pool"')
+            for n in chart.figures
+        ]
+    assert len(charts) > len(layout)  # the workers' row follows
+
+
+def test_the_pages_table_shows_every_figure_grafana_charts_beside_the_panel() -> None:
+    counts = {f.samples for f in figures.FIGURES.values() if f.samples}
+    charted = [n for n in figures.figures_of(figures.BESIDE_CHARTS) if n not in counts]
+    assert list(figures.BESIDE_FIGURES) == charted
+    assert {"tpot_mean", "queue_time_mean", "requests_per_second"} <= set(figures.BESIDE_FIGURES)
+    assert figures.PANEL_FIGURES == ("ttft_p99", "memory_peak_to_mean", "prefill_wait_p99", "kv_fragmentation")

@@ -13,7 +13,7 @@ from django.utils.html import escape
 
 from controlplane.audit.models import AuditEvent
 from controlplane.fleet.models import Pool, Worker
-from controlplane.metrics import query
+from controlplane.metrics import figures, query
 from controlplane.metrics.models import ServiceObjectives
 from dashboards.metrics import pages
 from tests.controlplane.metrics.pages import Page, job, store
@@ -60,6 +60,16 @@ def test_panel_shows_the_four_figures_per_cohort_with_charts_and_plain_links(vie
     # canary: 1 in 10 requests over 0.1 s, so its TTFT P99 sits in (0.1, 1]; stable under 0.1 s.
     canary_row = html.split('data-group="canary"', 1)[1].split("</tr>", 1)[0]
     assert 'data-figure="ttft_p99">' in canary_row and "ms" in canary_row
+
+
+def test_the_panel_table_has_a_column_for_every_figure_of_the_layout(viewer_client: Client) -> None:
+    fill(timezone.now())
+    html = viewer_client.get("/figures/panel/").content.decode()
+    head = html.split('id="panel-table"', 1)[1].split("</thead>", 1)[0]
+    for name in (*figures.figures_of(figures.PANEL_CHARTS), *figures.BESIDE_FIGURES):
+        assert f">{escape(figures.get(name).label)}</th>" in head, name
+    row = html.split('<tr data-group="canary"', 1)[1].split("</tr>", 1)[0]
+    assert 'data-figure="requests_per_second"' in row and 'data-figure="tpot_mean"' in row
 
 
 def test_the_panel_table_is_each_charts_newest_point_and_the_window_ending_now() -> None:
