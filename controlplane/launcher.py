@@ -289,15 +289,16 @@ def gateway_argv(
     port: int,
     *,
     host: str | None = None,
-    client: str | None = None,
     log_level: str | None = None,
+    command: Sequence[str] = ("rungateway",),
     extra: Sequence[str] = (),
 ) -> list[str]:
     """The gateway, ``manage.py rungateway`` (run from the repository root,
-    where manage.py is). ``client`` picks the upstream HTTP client (left
-    out: ``GATEWAY_UPSTREAM_CLIENT``)."""
-    argv = [PYTHON, "manage.py", "rungateway", *_given("--host", host), "--port", str(port)]
-    return [*argv, *_given("--client", client), *_given("--log-level", log_level), *extra]
+    where manage.py is). ``command`` is another that serves it
+    (``("bench_gateway", "--serve-gateway")``: the gateway over the
+    benchmark's httpx client)."""
+    argv = [PYTHON, "manage.py", *command, *_given("--host", host), "--port", str(port)]
+    return [*argv, *_given("--log-level", log_level), *extra]
 
 
 def celery_worker_argv(

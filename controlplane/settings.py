@@ -92,6 +92,8 @@ INSTALLED_APPS = [
     "controlplane.experiments",
     "controlplane.alerts",
     "controlplane.advisor",
+    # the benchmarks' commands (above every app, outside the product)
+    "controlplane.bench",
     # web UI
     "dashboards",
 ]

@@ -30,15 +30,15 @@ COMMANDS: dict[str, Command] = {
         add_arguments="add_build_arguments",
         main="main_build",
     ),
-    "bench": Command("workers.bench", "benchmark prefill modes on a seeded long-tailed workload"),
+    "bench": Command("workers.bench.prefill", "benchmark prefill modes on a seeded long-tailed workload"),
     "serve": Command("workers.server.cli", "serve the OpenAI API from one engine, with the agent"),
     "loadgen": Command("workers.loadgen", "drive an OpenAI endpoint with streaming traffic"),
     "replay": Command("workers.replay", "replay a captured workload against one worker at its recorded rate"),
     "gpu-check": Command(
-        "workers.gpu_check", "check the reference engine on a GPU: parity, memory, stalls, roofline, overhead"
+        "workers.bench.gpu_check", "check the reference engine on a GPU: parity, memory, stalls, roofline, overhead"
     ),
     "bench-serve": Command(
-        "workers.bench_serve", "benchmark HTTP against in-process streaming, and vLLM against reference"
+        "workers.bench.serve", "benchmark HTTP against in-process streaming, and vLLM against reference"
     ),
 }
 

@@ -70,9 +70,6 @@ GATEWAY_STREAM_TRACKING = Tunable(
     True,
     "track streams in flight (silence gauges, idle timeout); off only to measure what tracking costs (bench_gateway)",
 )
-GATEWAY_UPSTREAM_CLIENT = Tunable(
-    "GATEWAY_UPSTREAM_CLIENT", "native", "how to call workers: native (httptools) or httpx (see upstream.py)"
-)
 
 
 def _channels_namespace() -> str:

@@ -69,7 +69,7 @@ def start_worker(tmp_path: Path) -> Iterator[Callable[..., contextlib.AbstractCo
         argv = [
             PYTHON,
             "-m",
-            "controlplane.gateway.synthetic",
+            "controlplane.bench.synthetic",
             "--port",
             str(port),
             "--name",

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from controlplane.accounts.secrets import hash_secret
+from controlplane.bench.upstream import CLIENTS
 from controlplane.fleet.pools import PoolRole
 from controlplane.gateway.proxy import Gateway
 from controlplane.gateway.server import serve
@@ -22,7 +23,7 @@ from controlplane.gateway.state import (
     WorkerTarget,
     build_table,
 )
-from controlplane.gateway.upstream import CLIENTS, UpstreamTimeouts
+from controlplane.gateway.upstream import UpstreamTimeouts
 from tests.support import free_port
 
 Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -96,8 +97,9 @@ async def gateway_before(
 ) -> AsyncIterator[tuple[int, list[Any]]]:
     """``Gateway.handle`` served in this process in front of ``worker_urls``
     (one pool), with one client key (``KEY``), calling workers with the
-    upstream ``client`` named (``upstream.CLIENTS``); yields the port and the
-    request records."""
+    upstream ``client`` named (``controlplane.bench.upstream.CLIENTS``: the
+    gateway's own or the benchmark's httpx); yields the port and the request
+    records."""
     workers = tuple(
         WorkerTarget(i + 1, f"w{i}", url.removesuffix("/v1/completions"), 1, None) for i, url in enumerate(worker_urls)
     )

@@ -1,7 +1,7 @@
 """The gateway as it runs: ``manage.py rungateway`` processes in front of
 real worker processes, on the test PostgreSQL and Redis.
 
-The workers here are synthetic (``controlplane.gateway.synthetic``): real
+The workers here are synthetic (``controlplane.bench.synthetic``): real
 HTTP servers that stream OpenAI chunks on a fixed clock, so that tests about
 routing and failover do not wait on an engine.
 """

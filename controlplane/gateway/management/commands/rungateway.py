@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import BaseCommand, CommandParser
 
 from controlplane import embedded
 from controlplane.gateway import conf
@@ -20,17 +21,17 @@ from controlplane.gateway.proxy import Gateway, ProxySettings
 from controlplane.gateway.refresher import Refresher
 from controlplane.gateway.server import ServerSettings, serve
 from controlplane.gateway.state import StateHolder
-from controlplane.gateway.upstream import CLIENTS, UpstreamTimeouts
+from controlplane.gateway.upstream import Upstream, UpstreamClient, UpstreamTimeouts
 
 log = logging.getLogger("controlplane.gateway")
 
 
-def build_gateway(address: str, *, client: str | None = None) -> tuple[Gateway, LogWriter]:
-    """The app with its refresher and log writer wired in (not started)."""
-    client = client or conf.GATEWAY_UPSTREAM_CLIENT.get()
-    if client not in CLIENTS:
-        raise CommandError(f"GATEWAY_UPSTREAM_CLIENT must be one of {', '.join(CLIENTS)}; got {client!r}")
-    upstream_class = CLIENTS[client]
+def build_gateway(
+    address: str, *, upstream_class: Callable[[UpstreamTimeouts], UpstreamClient] = Upstream
+) -> tuple[Gateway, LogWriter]:
+    """The app with its refresher and log writer wired in (not started).
+    ``upstream_class`` is the gateway's own client but for a benchmark's
+    comparison (``controlplane/bench/upstream.py``)."""
     holder = StateHolder()
     metrics = GatewayMetrics()
     writer = LogWriter(
@@ -75,14 +76,12 @@ def build_gateway(address: str, *, client: str | None = None) -> tuple[Gateway, 
 
 class Command(BaseCommand):
     help = "Run the gateway: OpenAI's API in front of the workers, with sticky weighted routing."
+    upstream_class: Callable[[UpstreamTimeouts], UpstreamClient] = Upstream
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8080)
         parser.add_argument("--advertise", help="host:port others know this gateway by (default: --host:--port)")
-        parser.add_argument(
-            "--client", choices=sorted(CLIENTS), help="upstream HTTP client (default: GATEWAY_UPSTREAM_CLIENT)"
-        )
         parser.add_argument("--log-level", default="info")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -107,7 +106,7 @@ class Command(BaseCommand):
             connections.settings[alias]["CONN_HEALTH_CHECKS"] = False
 
         address = options["advertise"] or f"{options['host']}:{options['port']}"
-        app, writer = build_gateway(address, client=options["client"])
+        app, writer = build_gateway(address, upstream_class=self.upstream_class)
         writer.start()
         logging.getLogger("controlplane").setLevel(options["log_level"].upper())
 

@@ -1,4 +1,4 @@
-"""The gateway benchmark's arithmetic (``controlplane.gateway.bench.summary``):
+"""The gateway benchmark's arithmetic (``controlplane.bench.gateway.summary``):
 added latency pooled over all rounds and round by round against the direct
 target's same round. Pure: TTFTs made up here."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.gateway import bench
+from controlplane.bench import gateway as bench
 
 
 def target(name: str, rounds: list[list[float]]) -> bench.Target:

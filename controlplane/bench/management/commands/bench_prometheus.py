@@ -40,8 +40,8 @@ from django.core.management.base import CommandError
 from django.test import override_settings
 from django.utils import timezone
 
+from controlplane.bench.management.commands import bench_metrics
 from controlplane.metrics import deploy, figures, query
-from controlplane.metrics.management.commands import bench_metrics
 
 PROMETHEUS = "/usr/bin/prometheus"
 PROMTOOL = "/usr/bin/promtool"

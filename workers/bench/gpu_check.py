@@ -59,8 +59,8 @@ from tokenizers.pre_tokenizers import WhitespaceSplit
 from torch.profiler import ProfilerActivity, profile
 
 from workers import figures
-from workers.bench import Adapter, Request, StepOutput, mixed_workload, replay
-from workers.engines.api import RequestMetrics, SamplingParams, StepMetrics
+from workers.bench.harness import ReferenceAdapter, Request, mixed_workload, replay
+from workers.engines.api import RequestMetrics, SamplingParams
 from workers.engines.reference import LLMEngine
 from workers.engines.reference.config import ModelConfig
 from workers.engines.reference.model import LlamaForCausalLM
@@ -351,47 +351,10 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-class EngineAdapter(Adapter):
-    """The bench's replay interface around an engine already built."""
-
-    def __init__(self, label: str, engine: LLMEngine):
-        self.label = label
-        self.engine = engine
-        self.steps: list[StepMetrics] = []
-        self.accounted: list[StepMetrics] = []  # the same steps with the formula's memory figures
-        self.engine_metrics: dict[str, RequestMetrics] = {}
-        engine.add_observer(self)
-
-    def on_step(self, step: StepMetrics) -> None:
-        self.steps.append(step)
-        acc = self.engine.memory.last_accounted
-        self.accounted.append(
-            dataclasses.replace(step, memory_bytes=acc.memory_bytes, peak_memory_bytes=acc.peak_memory_bytes)
-        )
-
-    def on_request_finished(self, request_id: str, metrics: RequestMetrics, finish_reason: str) -> None:
-        self.engine_metrics[request_id] = metrics
-
-    def add(self, r: Request, arrival: float) -> None:
-        params = SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=True)
-        self.engine.add_request(
-            r.request_id, r.prompt_token_ids, params, arrival_time=arrival, output_kind=OutputKind.DELTA
-        )
-
-    def step(self) -> list[StepOutput]:
-        return [StepOutput(o.request_id, len(o.outputs[0].token_ids), o.finished) for o in self.engine.step()]
-
-    def has_work(self) -> bool:
-        return self.engine.has_unfinished_requests()
-
-    def close(self) -> None:
-        self.engine.observers.remove(self)
-
-
 def run_workload(
     engine: LLMEngine, label: str, workload: list[Request]
-) -> tuple[EngineAdapter, list[RequestMetrics], float]:
-    adapter = EngineAdapter(label, engine)
+) -> tuple[ReferenceAdapter, list[RequestMetrics], float]:
+    adapter = ReferenceAdapter(label, engine, account_memory=True)
     try:
         requests, duration = replay(adapter, workload)
     finally:
@@ -635,7 +598,7 @@ def check_roofline(engines: Engines, plan: Plan, clock: Clock, dtype: str) -> di
         if not clock.allows(f"decode batch {batch}"):
             continue
         set_mode(engine, OVERHEAD_BUDGET, max_num_seqs=max(64, batch))
-        adapter = EngineAdapter(f"decode-{batch}", engine)
+        adapter = ReferenceAdapter(f"decode-{batch}", engine)
         work = [
             Request(f"d{i}", 0.0, random_prompt(rng, plan.roofline_prompt, c.vocab_size), plan.roofline_output)
             for i in range(batch)
@@ -662,7 +625,7 @@ def check_roofline(engines: Engines, plan: Plan, clock: Clock, dtype: str) -> di
         n = min(plan.roofline_prefill, engine.max_model_len - 2)
         prompt = random_prompt(rng, n, c.vocab_size)
         generate(engine, [prompt[:64]], 1)  # warm-up
-        recorder = EngineAdapter("prefill", engine)
+        recorder = ReferenceAdapter("prefill", engine)
         generate(engine, [prompt], 1)
         recorder.close()
         seconds = max(s.duration_seconds for s in recorder.steps)

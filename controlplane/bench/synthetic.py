@@ -1,6 +1,6 @@
 """A synthetic OpenAI worker: streams made-up tokens on a fixed clock.
 
-``python -m controlplane.gateway.synthetic --port P [--name N] [--ttft-ms 20]
+``python -m controlplane.bench.synthetic --port P [--name N] [--ttft-ms 20]
 [--itl-ms 20]`` serves /v1/completions, /v1/chat/completions (streamed or
 not, with ``stream_options.include_usage``), /v1/models, /health and
 /stats (how many requests it took).
@@ -187,9 +187,7 @@ async def _json(send: Any, status: int, data: Any, headers: list[tuple[bytes, by
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m controlplane.gateway.synthetic", description=__doc__.split("\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m controlplane.bench.synthetic", description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--name", default="synthetic")

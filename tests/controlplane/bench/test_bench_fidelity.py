@@ -16,8 +16,7 @@ from typing import Any
 import pytest
 from django.core.management.base import CommandError
 
-from controlplane.metrics import figures
-from controlplane.metrics.management.commands.bench_fidelity import (
+from controlplane.bench.management.commands.bench_fidelity import (
     MIN_P99_REQUESTS,
     ROWS,
     ClientFigures,
@@ -28,6 +27,7 @@ from controlplane.metrics.management.commands.bench_fidelity import (
     parse_runs,
     table_lines,
 )
+from controlplane.metrics import figures
 
 REPORT = Path(__file__).parent / "data" / "guidellm_report.json"
 

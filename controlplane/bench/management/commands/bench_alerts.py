@@ -33,10 +33,10 @@ from django.utils import timezone
 
 from controlplane.alerts import conf, evaluation
 from controlplane.alerts.models import Alert, AlertRule
+from controlplane.bench.management.commands.bench_metrics import PREFIX
+from controlplane.bench.management.commands.bench_metrics import Command as MetricsBench
 from controlplane.fleet.models import Pool, Worker
 from controlplane.gateway.models import RequestLog, RoutingPool, RoutingTable
-from controlplane.metrics.management.commands.bench_metrics import PREFIX
-from controlplane.metrics.management.commands.bench_metrics import Command as MetricsBench
 
 RULE_PREFIX = "Bench"
 TABLE_MODEL = f"{PREFIX}model"

@@ -57,7 +57,7 @@ import httpx
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
 
-from controlplane.gateway.management.commands.bench_gateway import BenchRows
+from controlplane.bench.management.commands.bench_gateway import BenchRows
 from controlplane.gateway.models import ClientKey, RequestLog, RoutingTable
 from controlplane.launcher import child, free_port, gateway_argv, wait_http, wait_until, worker_argv
 from controlplane.metrics import conf, figures, query

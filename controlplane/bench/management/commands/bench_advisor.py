@@ -24,9 +24,9 @@ from django.db import connection
 from django.utils import timezone
 
 from controlplane.advisor.models import compute
+from controlplane.bench.management.commands import bench_metrics
 from controlplane.fleet.models import Pool, Worker
 from controlplane.gateway.models import RequestLog
-from controlplane.metrics.management.commands import bench_metrics
 from controlplane.metrics.models import Target
 
 PREFIX = bench_metrics.PREFIX

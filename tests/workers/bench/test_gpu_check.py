@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import PYTHON, ROOT, child_env
-from workers.gpu_check import PARITY_CAPS, QUICK, SECTIONS, STALL_BUDGETS
+from workers.bench.gpu_check import PARITY_CAPS, QUICK, SECTIONS, STALL_BUDGETS
 
 
 @pytest.mark.slow

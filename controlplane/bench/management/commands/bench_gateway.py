@@ -3,7 +3,7 @@ and how fast a routing change is acked by every gateway.
 
 It makes throwaway rows (a table, two pools, workers, a key; all named
 ``bench-<id>`` and deleted afterwards) in the configured database, starts a
-worker (synthetic by default, see ``controlplane.gateway.synthetic``; or
+worker (synthetic by default, see ``controlplane.bench.synthetic``; or
 ``--upstream URL`` for a real one), ``--gateways`` gateway processes and
 nginx, drives ``--streams`` concurrent streams through each in turn, then
 flips the canary weight ``--ack-trials`` times and times each change from
@@ -12,6 +12,7 @@ the ``set_weights`` call until every gateway has acked it.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import functools
@@ -27,13 +28,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from controlplane.bench import gateway as bench
+from controlplane.bench.upstream import CLIENTS, HttpxGateway
 from controlplane.fleet.health import WorkerState
 from controlplane.fleet.models import Pool, Worker
-from controlplane.gateway import bench
 from controlplane.gateway.models import ClientKey, PoolSpec, RequestLog, RoutingTable
-from controlplane.gateway.upstream import CLIENTS
 from controlplane.launcher import child, free_port, gateway_argv, wait_http, wait_until
 
 
@@ -49,7 +51,9 @@ class Command(BaseCommand):
         parser.add_argument("--tokens", default="16-48", help="output tokens per stream, a range (default 16-48)")
         parser.add_argument("--upstream", help="a running worker's URL instead of the synthetic one")
         parser.add_argument("--model", default="", help="model name the --upstream worker serves")
-        parser.add_argument("--client", choices=sorted(CLIENTS), default="native", help="the gateway's upstream client")
+        parser.add_argument(
+            "--client", choices=sorted(CLIENTS), default="native", help="the gateways' upstream HTTP client"
+        )
         parser.add_argument("--gateways", type=int, default=2, help="gateway processes (traffic goes to the first)")
         parser.add_argument("--ack-trials", type=int, default=20, help="weight changes timed until every gateway acks")
         parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
@@ -58,8 +62,19 @@ class Command(BaseCommand):
             action="store_true",
             help="one more target: a gateway with GATEWAY_STREAM_TRACKING off, to price the tracking",
         )
+        # The child mode that serves one gateway over the httpx client (``--client httpx``).
+        parser.add_argument("--serve-gateway", action="store_true", help=argparse.SUPPRESS)
+        parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+        parser.add_argument("--log-level", default="info", help=argparse.SUPPRESS)
+
+    def _gateway_argv(self, port: int, client: str) -> list[str]:
+        command = ("bench_gateway", "--serve-gateway") if client == "httpx" else ("rungateway",)
+        return gateway_argv(port, log_level="warning", command=command)
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["serve_gateway"]:
+            call_command(HttpxGateway(), port=options["port"], log_level=options["log_level"])
+            return
         lo, _, hi = options["tokens"].partition("-")
         tag = f"bench-{uuid.uuid4().hex[:6]}"
         model = options["model"] or tag
@@ -89,7 +104,7 @@ class Command(BaseCommand):
         argv = [
             sys.executable,
             "-m",
-            "controlplane.gateway.synthetic",
+            "controlplane.bench.synthetic",
             "--port",
             str(port),
             "--name",
@@ -110,7 +125,7 @@ class Command(BaseCommand):
             gateway_urls, gateway_pids = [], []
             for i in range(options["gateways"]):
                 port = free_port()
-                argv = gateway_argv(port, client=options["client"], log_level="warning")
+                argv = self._gateway_argv(port, options["client"])
                 proc = stack.enter_context(child(argv, workdir / f"gateway-{i}.log", env))
                 url = f"http://127.0.0.1:{port}"
                 wait_http(f"{url}/health", proc)
@@ -119,7 +134,7 @@ class Command(BaseCommand):
             untracked_url = None
             if options["untracked"]:
                 port = free_port()
-                argv = gateway_argv(port, client=options["client"], log_level="warning")
+                argv = self._gateway_argv(port, options["client"])
                 proc = stack.enter_context(
                     child(argv, workdir / "gateway-untracked.log", {**env, "GATEWAY_STREAM_TRACKING": "false"})
                 )
