@@ -58,7 +58,7 @@ from controlplane.gateway.inflight import (
 )
 from controlplane.gateway.meter import StreamMeter, Usage
 from controlplane.gateway.metrics import CONTENT_TYPE, GatewayMetrics
-from controlplane.gateway.params import ParamError, apply_output_cap, check_request, output_cap
+from controlplane.gateway.params import apply_output_cap, output_cap
 from controlplane.gateway.server import Exchange, Headers
 from controlplane.gateway.state import (
     ClientKeyInfo,
@@ -77,6 +77,8 @@ from controlplane.gateway.upstream import (
     UpstreamTimedOut,
     UpstreamUnavailable,
 )
+from workers import openai_rules
+from workers.openai_error import ApiError
 
 log = logging.getLogger(__name__)
 
@@ -143,32 +145,9 @@ class RequestRecord:
     timeline: dict[str, Any] | None = None  # {"chunks": [[offset s, tokens]], "gaps": [s]}
 
 
-class ApiError(Exception):
-    """An error reply in OpenAI's shape."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        type: str = "invalid_request_error",
-        code: str | None = None,
-        param: str | None = None,
-        headers: Headers | None = None,
-    ):
-        super().__init__(message)
-        self.status, self.message, self.type, self.code, self.param = status, message, type, code, param
-        self.headers = headers or []
-
-    def body(self) -> bytes:
-        return json.dumps(
-            {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-        ).encode()
-
-
 def _no_capacity(message: str) -> ApiError:
     return ApiError(
-        503, message, type="service_unavailable", code="no_worker_available", headers=[(b"retry-after", b"1")]
+        message, status=503, type="service_unavailable", code="no_worker_available", headers={"retry-after": "1"}
     )
 
 
@@ -267,7 +246,7 @@ class Gateway:
         try:
             if path in COMPLETION_PATHS:
                 if method != "POST":
-                    raise ApiError(405, f"{path} takes POST.", code="method_not_allowed")
+                    raise ApiError(f"{path} takes POST.", status=405, code="method_not_allowed")
                 return self._completion(ex)
             elif path == "/v1/models" and method == "GET":
                 self._authenticate(ex.headers, self.holder.current)
@@ -280,7 +259,7 @@ class Gateway:
             elif path == "/metrics":
                 _reply(ex, 200, self.metrics.render(), CONTENT_TYPE.encode())
             else:
-                raise ApiError(404, f"no route {method} {path}", type="not_found_error", code="not_found")
+                raise ApiError(f"no route {method} {path}", status=404, type="not_found_error", code="not_found")
         except ApiError as error:
             _error(ex, error)
         return None
@@ -303,7 +282,7 @@ class Gateway:
         """GET /v1/models/{model}: one card, or OpenAI's 404."""
         table = self.holder.current.tables.get(model)
         if table is None:
-            raise ApiError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
+            raise ApiError(f"The model `{model}` does not exist.", status=404, param="model", code="model_not_found")
         return _model_card(table)
 
     def _epochs_by_model(self) -> dict[str, int]:
@@ -322,11 +301,11 @@ class Gateway:
         scheme, _, token = auth.partition(b" ")
         if not token or scheme.lower() != b"bearer":
             raise ApiError(
-                401, "You didn't provide an API key: send `Authorization: Bearer <key>`.", code="invalid_api_key"
+                "You didn't provide an API key: send `Authorization: Bearer <key>`.", status=401, code="invalid_api_key"
             )
         info = state.keys.get(hash_secret(token.strip().decode("latin-1")))
         if info is None:
-            raise ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
+            raise ApiError("Incorrect API key provided.", status=401, code="invalid_api_key")
         self._known_keys[auth] = info
         return info
 
@@ -382,10 +361,10 @@ class Gateway:
         if model is None and len(state.tables) == 1:
             return next(iter(state.tables.values()))  # as a worker does: one model, no name needed
         if not isinstance(model, str):
-            raise ApiError(400, "`model` is required.", param="model")
+            raise ApiError("`model` is required.", status=400, param="model")
         table = state.tables.get(model)
         if table is None:
-            raise ApiError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
+            raise ApiError(f"The model `{model}` does not exist.", status=404, param="model", code="model_not_found")
         return table
 
     def _pool(
@@ -395,8 +374,8 @@ class Gateway:
         if forced is not None:
             if not key.is_admin:
                 raise ApiError(
-                    403,
                     "Only admin keys may choose a cohort with x-chunkpilot-cohort.",
+                    status=403,
                     type="permission_error",
                     code="cohort_override_forbidden",
                 )
@@ -404,14 +383,14 @@ class Gateway:
                 role = PoolRole(forced.decode("latin-1").strip().lower())
             except ValueError:
                 raise ApiError(
-                    400,
                     f"x-chunkpilot-cohort must be one of canary, baseline, stable; got {forced.decode('latin-1')!r}.",
+                    status=400,
                     code="invalid_cohort",
                 ) from None
             pool = table.pool_for_role(role)
             if pool is None:
                 raise ApiError(
-                    400, f"The routing table of `{table.model}` has no {role.value} pool.", code="invalid_cohort"
+                    f"The routing table of `{table.model}` has no {role.value} pool.", status=400, code="invalid_cohort"
                 )
             return pool
         session = headers.get(SESSION_HEADER)
@@ -578,7 +557,7 @@ class Gateway:
             _take_usage(rec, usage)
             facts.take_facts(rec, reported)
         else:
-            rec.error = _error_message(payload)
+            rec.error = ApiError.from_reply(response.status, payload).message
 
     async def _relay(
         self,
@@ -613,8 +592,10 @@ class Gateway:
             # finds it and the error rate counts it.
             rec.status = STATUS_STREAM_BROKEN
             rec.error = f"the worker's stream broke off: {exc}"[:500]
-            error = ApiError(502, "The worker's stream broke off.", type="service_unavailable", code="upstream_broken")
-            ex.end(meter.flush() + b"data: " + error.body() + b"\n\n")
+            error = ApiError(
+                "The worker's stream broke off.", status=502, type="service_unavailable", code="upstream_broken"
+            )
+            ex.end(meter.flush() + b"data: " + error.encode() + b"\n\n")
         finally:
             self.inflight.remove(id(relay))
             ex.on_pause = ex.on_resume = None
@@ -651,12 +632,12 @@ class Gateway:
         rec.status = STATUS_STREAM_TIMED_OUT
         rec.error = f"no token for {timeout:g} s: the gateway ended the stream (GATEWAY_STREAM_IDLE_TIMEOUT_SECONDS)"
         error = ApiError(
-            504,
             f"The worker sent nothing for {timeout:g} s; the stream was ended.",
+            status=504,
             type="timeout_error",
             code="stream_idle_timeout",
         )
-        ex.end(meter.flush() + b"data: " + error.body() + b"\n\n")
+        ex.end(meter.flush() + b"data: " + error.encode() + b"\n\n")
 
     def _finish(self, rec: RequestRecord, arrival: float) -> None:
         rec.e2e_seconds = self.clock() - arrival
@@ -740,11 +721,11 @@ def _json_object(body: bytes) -> dict[str, Any]:
     try:
         data = json.loads(body)
     except RecursionError as exc:  # ``[`` × 100,000: past the interpreter's stack, not a server fault
-        raise ApiError(400, "the request body is nested too deeply.", code="invalid_json") from exc
+        raise ApiError("the request body is nested too deeply.", status=400, code="invalid_json") from exc
     except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from exc
+        raise ApiError(f"the request body is not valid JSON: {exc}", status=400, code="invalid_json") from exc
     if not isinstance(data, dict):
-        raise ApiError(400, "the request body must be a JSON object.", code="invalid_json")
+        raise ApiError("the request body must be a JSON object.", status=400, code="invalid_json")
     return data
 
 
@@ -758,11 +739,8 @@ def _body_for_workers(
 ) -> tuple[bytes, bool]:
     """The body as workers are sent it (checked, capped, usage asked for),
     and whether the usage event is the gateway's to drop again."""
-    try:
-        check_request(data)
-        changed = apply_output_cap(data, chat, cap)
-    except ParamError as exc:
-        raise ApiError(400, exc.message, param=exc.param) from exc
+    openai_rules.check_request(data, chat=chat)
+    changed = apply_output_cap(data, chat, cap)
     strip_usage = stream and not _asks_usage(data)
     if strip_usage:
         # Ask for usage so the log has token counts; the meter drops the
@@ -793,15 +771,6 @@ def _pool_name(state: GatewayState, rec: RequestRecord) -> str:
     return pool.name if pool is not None else ""
 
 
-def _error_message(payload: bytes) -> str:
-    try:
-        data = json.loads(payload)
-        message = data["error"]["message"] if isinstance(data.get("error"), dict) else data.get("error")
-        return str(message)[:500]
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return payload[:500].decode("utf-8", "replace")
-
-
 def _declined(response: UpstreamResponse, payload: bytes) -> ApiError | None:
     """What a worker said when it refused to admit the request ("not now":
     kept in case no other worker can take it), else None. Only the worker's
@@ -810,30 +779,22 @@ def _declined(response: UpstreamResponse, payload: bytes) -> ApiError | None:
     an engine that failed on this request included, goes to the client as it is."""
     if response.status not in DECLINED_STATUSES:
         return None
-    code = _error_code(payload)
+    said = ApiError.from_reply(response.status, payload)
+    code = said.code or ""
     if code not in DECLINED_CODES and not code.startswith(DECLINED_CODE_PREFIX):
         return None
     retry_after = next((v for k, v in response.headers if k.lower() == b"retry-after"), b"1")
     return ApiError(
-        response.status,
-        _error_message(payload) or "the worker is busy.",
+        said.message or "the worker is busy.",
+        status=response.status,
         type="service_unavailable" if response.status != 429 else "rate_limit_error",
         code="no_worker_available",
-        headers=[(b"retry-after", retry_after)],
+        headers={"retry-after": retry_after.decode("latin-1")},
     )
 
 
-def _error_code(payload: bytes) -> str:
-    try:
-        error = json.loads(payload).get("error")
-    except (ValueError, AttributeError):
-        return ""
-    code = error.get("code") if isinstance(error, dict) else None
-    return code if isinstance(code, str) else ""
-
-
 def _upstream_failed(status: int, message: str, code: str) -> ApiError:
-    return ApiError(status, message, type="service_unavailable", code=code)
+    return ApiError(message, status=status, type="service_unavailable", code=code)
 
 
 async def _unless_gone(gone: asyncio.Future[None], work: Awaitable[bytes]) -> bytes | None:
@@ -860,4 +821,5 @@ def _json(ex: Exchange, status: int, data: Any) -> None:
 def _error(ex: Exchange, error: ApiError, extra: Headers | None = None) -> None:
     if error.status == STATUS_CLIENT_GONE or ex.started:
         return
-    _reply(ex, error.status, error.body(), b"application/json", [*error.headers, *(extra or [])])
+    headers = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in error.headers.items()]
+    _reply(ex, error.status, error.encode(), b"application/json", [*headers, *(extra or [])])

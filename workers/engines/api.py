@@ -59,6 +59,8 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # None: none; 0 or more: the chosen token's logprob
     include_stop_str_in_output: bool = False
+    min_tokens: int = 0  # no EOS, stop token or stop string before this many output tokens
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
 
     def validate(self) -> None:
         if self.max_tokens is not None and self.max_tokens < 1:
@@ -74,6 +76,12 @@ class SamplingParams:
             raise RequestError(f"top_p must be in (0, 1]; got {self.top_p}.", "top_p")
         if self.top_k < -1:
             raise RequestError(f"top_k must be -1, 0 or positive; got {self.top_k}.", "top_k")
+        if self.min_tokens < 0 or (self.max_tokens is not None and self.min_tokens > self.max_tokens):
+            raise RequestError(
+                f"min_tokens must be in [0, max_tokens ({self.max_tokens})]; got {self.min_tokens}.", "min_tokens"
+            )
+        if any(t < 0 or not (math.isfinite(b) and -100 <= b <= 100) for t, b in self.logit_bias.items()):
+            raise RequestError("logit_bias maps token ids to biases in [-100, 100].", "logit_bias")
 
 
 @dataclass
@@ -232,6 +240,14 @@ class EngineSpec:
     # prompt contains this text stops being fed after its first output
     # (hanging-request tests).
     fault_stall_marker: str = ""
+    # Simulated engine only (workers/engines/sim): the device it simulates,
+    # from AIConfigurator's database (system, backend, model config, database
+    # version) or a step-time table fitted to the reference engine.
+    sim_system: str | None = None
+    sim_backend: str = "vllm"
+    sim_model: str | None = None
+    sim_version: str | None = None
+    sim_table: str | None = None
 
     @property
     def model_name(self) -> str:

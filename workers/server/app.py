@@ -39,6 +39,7 @@ from workers.engines.api import (
     RequestMetrics,
     RequestOutput,
 )
+from workers.openai_error import ApiError, bad
 from workers.server import protocol as p
 from workers.server.facts import EXTENSION_KEY, request_facts
 from workers.server.host import READY, EngineHost, NeverFits, QueueFull, Ticket, Unavailable
@@ -64,8 +65,8 @@ def max_request_bytes_for(max_model_len: int | None) -> int:
     return max(DEFAULT_MAX_REQUEST_BYTES, 64 * (max_model_len or 0))
 
 
-def too_large(limit: int) -> p.ApiError:
-    return p.ApiError(
+def too_large(limit: int) -> ApiError:
+    return ApiError(
         f"The request body is larger than this worker takes ({limit} bytes).",
         status=413,
         type="invalid_request_error",
@@ -106,12 +107,12 @@ def request_start(header: str | None, now_monotonic: float, now_wall: float) -> 
     return now_monotonic
 
 
-def error_response(error: p.ApiError) -> JSONResponse:
+def error_response(error: ApiError) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 
-def unavailable(state: str) -> p.ApiError:
-    return p.ApiError(
+def unavailable(state: str) -> ApiError:
+    return ApiError(
         f"The worker is {state} and is not admitting requests; retry shortly or on another worker.",
         status=503,
         type="service_unavailable",
@@ -256,7 +257,7 @@ class OpenAIServer:
                 return parse(data)
 
             req = await asyncio.to_thread(parsed) if len(raw) > THREAD_PARSE_BYTES else parsed()
-        except p.ApiError as exc:
+        except ApiError as exc:
             return error_response(exc)
         except ClientDisconnect:  # an ordinary event, not a fault: one line, no traceback
             log.info("%s: the client went away before its request was read", request.url.path)
@@ -271,7 +272,7 @@ class OpenAIServer:
             return error_response(unavailable(exc.state))
         except NeverFits as exc:
             return error_response(
-                p.bad(
+                bad(
                     f"{num_prompts} prompts in one request; this worker holds at most {exc.capacity} at once.",
                     param="prompt",
                     code="too_many_prompts",
@@ -279,7 +280,7 @@ class OpenAIServer:
             )
         except QueueFull as exc:
             return error_response(
-                p.ApiError(
+                ApiError(
                     f"The worker's queue is full ({exc}); retry after a moment.",
                     status=429,
                     type="rate_limit_error",
@@ -301,7 +302,7 @@ class OpenAIServer:
                 handed_over = True
                 return EventStreamResponse(self._events(ticket, engine, req, response_id, runs))
             return JSONResponse(await self._collect(engine, req, response_id, runs))
-        except p.ApiError as exc:
+        except ApiError as exc:
             return error_response(exc)
         finally:
             if not handed_over:
@@ -323,7 +324,7 @@ class OpenAIServer:
                 long = sum(len(m["content"]) for m in req.messages) > THREAD_TOKENIZE_CHARS
                 prompts = [await asyncio.to_thread(render) if long else render()]
             except RequestError as exc:
-                raise p.bad(str(exc), param=exc.field or "messages") from exc
+                raise bad(str(exc), param=exc.field or "messages") from exc
         else:
             prompts = req.prompts
         runs: list[_Run] = []
@@ -340,7 +341,7 @@ class OpenAIServer:
                 else:
                     token_ids = prompt
                 if not token_ids:
-                    raise p.bad("`prompt` must not be empty.", param="prompt")
+                    raise bad("`prompt` must not be empty.", param="prompt")
                 error = p.context_error(engine.max_model_len, len(token_ids), req.params.max_tokens, req.kind)
                 if error is not None:
                     raise error
@@ -367,14 +368,14 @@ class OpenAIServer:
         try:
             first = await anext(run.stream)
         except RequestError as exc:
-            raise p.bad(str(exc), param=exc.field) from exc
+            raise bad(str(exc), param=exc.field) from exc
         except StopAsyncIteration as exc:
-            raise p.ApiError("the engine ended the request without output.", status=500, type="server_error") from exc
+            raise ApiError("the engine ended the request without output.", status=500, type="server_error") from exc
         except RequestFailed as exc:
             # This request broke in the engine, which serves on: not worth a retry elsewhere.
-            raise p.ApiError(str(exc), status=500, type="server_error", code="request_failed") from exc
+            raise ApiError(str(exc), status=500, type="server_error", code="request_failed") from exc
         except EngineError as exc:
-            raise p.ApiError(
+            raise ApiError(
                 f"The engine failed: {exc}",
                 status=503,
                 type="service_unavailable",
@@ -474,7 +475,7 @@ class OpenAIServer:
                         run.metrics = out.metrics
                         run.finish_reason, run.stop_reason = completion.finish_reason, completion.stop_reason
         except EngineError as exc:
-            raise p.ApiError(f"The engine failed: {exc}", status=500, type="server_error") from exc
+            raise ApiError(f"The engine failed: {exc}", status=500, type="server_error") from exc
         for run in runs:
             if run.metrics is not None:  # a whole reply: the client gets every token at once
                 self.exporter.observe_delivered(run.metrics, None, received_at=run.received_at)
@@ -636,7 +637,7 @@ class OpenAIServer:
                     }
                 )
         except EngineError as exc:
-            error = p.ApiError(f"The engine failed: {exc}", status=500, type="server_error")
+            error = ApiError(f"The engine failed: {exc}", status=500, type="server_error")
             yield p.sse(error.body())
         finally:
             try:
@@ -672,16 +673,16 @@ def build_app(
     )
 
     async def not_found(request: Request, exc: Exception) -> Response:
-        return error_response(p.ApiError(f"no route {request.url.path}", status=404, type="not_found_error"))
+        return error_response(ApiError(f"no route {request.url.path}", status=404, type="not_found_error"))
 
     async def not_allowed(request: Request, exc: Exception) -> Response:
         return error_response(
-            p.ApiError(f"{request.method} is not allowed here", status=405, type="invalid_request_error")
+            ApiError(f"{request.method} is not allowed here", status=405, type="invalid_request_error")
         )
 
     async def internal(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error", exc_info=exc)
-        return error_response(p.ApiError(f"internal error: {exc}", status=500, type="server_error"))
+        return error_response(ApiError(f"internal error: {exc}", status=500, type="server_error"))
 
     handlers: dict[Any, Callable[..., Any]] = {404: not_found, 405: not_allowed, 500: internal}
     app = Starlette(
@@ -705,7 +706,7 @@ def build_app(
         try:
             reset = await engine.reset_prefix_cache()
         except EngineError as exc:
-            return error_response(p.ApiError(str(exc), status=503, type="service_unavailable"))
+            return error_response(ApiError(str(exc), status=503, type="service_unavailable"))
         return JSONResponse({"reset": reset})
 
     app.add_route("/reset_prefix_cache", reset_prefix_cache, methods=["POST"])

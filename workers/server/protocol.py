@@ -1,7 +1,8 @@
 """OpenAI's request and response JSON, parsed and built without the engine.
 
 Requests become ``CompletionRequest`` (prompts + ``SamplingParams``) or raise
-``ApiError`` with OpenAI's error shape. Responses are plain dicts built the
+``ApiError`` (``workers/openai_error.py``) with OpenAI's error shape; the
+rules the gateway applies too come first (``workers/openai_rules.py``). Responses are plain dicts built the
 way OpenAI (and vLLM's server) shapes them; streaming chunks are SSE lines.
 Unknown request fields are ignored, as OpenAI-compatible servers do, so
 clients that send newer fields keep working.
@@ -15,7 +16,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from workers import openai_rules as rules
 from workers.engines.api import SamplingParams
+from workers.openai_error import ApiError, bad
 
 # vLLM's extensions to OpenAI's sampling fields, accepted by both engines.
 _EXTRA_INT_FIELDS = ("top_k",)
@@ -26,44 +29,6 @@ SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 # softmax into NaN; vLLM raises such a temperature to it (sampling_params.py
 # _MAX_TEMP), and so do we.
 MIN_TEMPERATURE = 1e-2
-# Penalties the engines do not implement: their bounds are checked as vLLM
-# checks them, and any value other than the neutral one is refused by name
-# rather than ignored. (name, neutral value, check, the rule in words)
-_UNSUPPORTED_NUMBERS: tuple[tuple[str, float, Any, str], ...] = (
-    ("presence_penalty", 0.0, lambda v: -2.0 <= v <= 2.0, "in [-2, 2]"),
-    ("frequency_penalty", 0.0, lambda v: -2.0 <= v <= 2.0, "in [-2, 2]"),
-    ("repetition_penalty", 1.0, lambda v: v > 0.0, "greater than 0"),
-    ("min_p", 0.0, lambda v: 0.0 <= v <= 1.0, "in [0, 1]"),
-)
-
-
-class ApiError(Exception):
-    """An error reply in OpenAI's shape: {"error": {message, type, param, code}}."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        status: int = 400,
-        type: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
-    ):
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        self.type = type
-        self.param = param
-        self.code = code
-        self.headers = headers or {}
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-
-def bad(message: str, param: str | None = None, code: str | None = None) -> ApiError:
-    return ApiError(message, param=param, code=code)
 
 
 @dataclass
@@ -182,19 +147,6 @@ def _temperature(data: dict[str, Any]) -> float:
     return value
 
 
-def _unsupported_numbers(data: dict[str, Any]) -> None:
-    for name, neutral, check, rule in _UNSUPPORTED_NUMBERS:
-        value = data.get(name)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise bad(f"`{name}` must be a finite number.", param=name)
-        if not check(value):
-            raise bad(f"`{name}` must be {rule}; got {value}.", param=name)
-        if value != neutral:
-            raise bad(f"`{name}` is not supported by this worker (only {neutral}); got {value}.", param=name)
-
-
 def _seed(data: dict[str, Any]) -> int | None:
     seed = _int(data, "seed", None, lo=SEED_MIN, hi=SEED_MAX)
     return None if seed == -1 else seed
@@ -209,7 +161,7 @@ def _bool(data: dict[str, Any], name: str, default: bool = False) -> bool:
     return value
 
 
-def _sampling(data: dict[str, Any], max_tokens: int | None, logprobs: bool) -> SamplingParams:
+def _sampling(data: dict[str, Any], max_tokens: int | None, logprobs: bool, *, chat: bool) -> SamplingParams:
     stop = data.get("stop")
     if stop is None:
         stops: list[str] = []
@@ -228,7 +180,6 @@ def _sampling(data: dict[str, Any], max_tokens: int | None, logprobs: bool) -> S
     if n != 1:
         raise bad("only n=1 is supported.", param="n")
     top_k = _int(data, "top_k", 0, lo=-1)
-    _unsupported_numbers(data)
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=_temperature(data),
@@ -240,25 +191,14 @@ def _sampling(data: dict[str, Any], max_tokens: int | None, logprobs: bool) -> S
         ignore_eos=_bool(data, "ignore_eos"),
         logprobs=0 if logprobs else None,
         include_stop_str_in_output=_bool(data, "include_stop_str_in_output"),
+        min_tokens=rules.min_tokens(data, chat=chat),
+        logit_bias=rules.logit_bias(data),
     )
-
-
-def _stream_options(data: dict[str, Any], stream: bool) -> bool:
-    options = data.get("stream_options")
-    if options is None:
-        return False
-    if not stream:
-        raise bad("`stream_options` is only allowed when `stream` is true.", param="stream_options")
-    if not isinstance(options, dict):
-        raise bad("`stream_options` must be an object.", param="stream_options")
-    value = options.get("include_usage", False)
-    if not isinstance(value, bool):
-        raise bad("`stream_options.include_usage` must be true or false.", param="stream_options")
-    return value
 
 
 def parse_completion(data: dict[str, Any]) -> CompletionRequest:
     """POST /v1/completions."""
+    rules.check_request(data, chat=False)
     if "prompt" not in data:
         raise bad("`prompt` is required.", param="prompt")
     prompt = data["prompt"]
@@ -292,10 +232,10 @@ def parse_completion(data: dict[str, Any]) -> CompletionRequest:
     return CompletionRequest(
         kind="completion",
         prompts=prompts,
-        params=_sampling(data, 16 if max_tokens is None else max_tokens, logprobs is not None),
+        params=_sampling(data, 16 if max_tokens is None else max_tokens, logprobs is not None, chat=False),
         max_tokens_given=True,  # OpenAI's default for completions is 16
         stream=stream,
-        include_usage=_stream_options(data, stream),
+        include_usage=rules.include_usage(data),
         echo=_bool(data, "echo"),
         logprobs=logprobs is not None,
         return_token_ids=_bool(data, "return_token_ids"),
@@ -328,6 +268,7 @@ def _message_text(message: Any, index: int) -> dict[str, str]:
 
 def parse_chat(data: dict[str, Any]) -> CompletionRequest:
     """POST /v1/chat/completions."""
+    rules.check_request(data, chat=True)
     messages = data.get("messages")
     if messages is None:
         raise bad("`messages` is required.", param="messages")
@@ -345,10 +286,10 @@ def parse_chat(data: dict[str, Any]) -> CompletionRequest:
     return CompletionRequest(
         kind="chat",
         prompts=[],
-        params=_sampling(data, max_tokens, logprobs),
+        params=_sampling(data, max_tokens, logprobs, chat=True),
         max_tokens_given=max_tokens is not None,
         stream=stream,
-        include_usage=_stream_options(data, stream),
+        include_usage=rules.include_usage(data),
         logprobs=logprobs,
         messages=parsed,
         add_generation_prompt=_bool(data, "add_generation_prompt", True),

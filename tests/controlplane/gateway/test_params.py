@@ -1,8 +1,8 @@
-"""What the gateway checks in a request body itself (``gateway/params.py``):
-``stream_options``, the parameters no worker implements, the output-token
-cap; first as tables of cases, then through a gateway in this process in
-front of a raw worker that keeps the bodies it is sent; and
-``GET /v1/models/{model}``."""
+"""What the gateway checks in a request body (the shared rules of
+``workers/openai_rules.py``: ``stream_options``, the parameters no worker
+implements; and its own output-token cap, ``gateway/params.py``); first
+as tables of cases, then through a gateway in this process in front of a
+raw worker that keeps the bodies it is sent; and ``GET /v1/models/{model}``."""
 
 from __future__ import annotations
 
@@ -14,8 +14,10 @@ import openai
 import pytest
 import uvloop
 
-from controlplane.gateway.params import ParamError, apply_output_cap, check_request, output_cap
+from controlplane.gateway.params import apply_output_cap, output_cap
 from tests.controlplane.gateway.raw import KEY, answering, gateway_before, reply, worker
+from workers.openai_error import ApiError
+from workers.openai_rules import check_request
 
 OK = reply(
     200,
@@ -40,12 +42,18 @@ OK = reply(
         ({"tool_choice": "auto"}, "tool_choice"),
         ({"response_format": {"type": "json_object"}}, "response_format"),
         ({"response_format": "json"}, "response_format"),
+        ({"logit_bias": "x"}, "logit_bias"),
+        ({"logit_bias": {"1": float("nan")}}, "logit_bias"),
+        ({"min_tokens": -1}, "min_tokens"),
+        ({"min_tokens": 2**70}, "min_tokens"),
+        ({"min_tokens": 5, "max_tokens": 4}, "min_tokens"),
+        ({"presence_penalty": 0.5}, "presence_penalty"),
     ],
 )
 def test_a_body_the_gateway_refuses_names_the_field(body: dict[str, Any], param: str) -> None:
-    with pytest.raises(ParamError) as raised:
-        check_request(body)
-    assert raised.value.param == param
+    with pytest.raises(ApiError) as raised:
+        check_request(body, chat=False)
+    assert (raised.value.status, raised.value.param) == (400, param)
 
 
 @pytest.mark.parametrize(
@@ -60,7 +68,7 @@ def test_a_body_the_gateway_refuses_names_the_field(body: dict[str, Any], param:
     ],
 )
 def test_the_neutral_value_of_each_checked_parameter_is_accepted(body: dict[str, Any]) -> None:
-    check_request(body)
+    check_request(body, chat=False)
 
 
 @pytest.mark.parametrize(
@@ -98,7 +106,7 @@ def test_the_output_cap_fills_in_a_missing_limit_and_leaves_the_rest(
     ],
 )
 def test_asking_for_more_than_the_cap_is_refused_naming_the_field(body: dict[str, Any], chat: bool, param: str) -> None:
-    with pytest.raises(ParamError) as raised:
+    with pytest.raises(ApiError) as raised:
         apply_output_cap(body, chat, 64)
     assert raised.value.param == param and "64" in raised.value.message
 

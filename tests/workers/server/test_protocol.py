@@ -2,11 +2,12 @@
 
 import pytest
 
+from workers.openai_error import ApiError
 from workers.server import protocol as p
 
 
 def error_of(fn, *args):
-    with pytest.raises(p.ApiError) as info:
+    with pytest.raises(ApiError) as info:
         fn(*args)
     return info.value
 
@@ -165,3 +166,45 @@ def test_a_body_nested_to_the_limit_parses_and_one_level_more_is_a_400():
     assert p.parse_json(nested(p.MAX_JSON_DEPTH))["prompt"] == "x"
     err = error_of(p.parse_json, nested(p.MAX_JSON_DEPTH + 1))
     assert (err.status, err.code) == (400, "invalid_json")
+
+
+# ---- the rules shared with the gateway (workers/openai_rules.py) ----------------------------
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (b'{"prompt": "a", "best_of": 2}', "best_of"),
+        (b'{"prompt": "a", "suffix": "!"}', "suffix"),
+        (b'{"prompt": "a", "tools": [{"type": "function", "function": {"name": "f"}}]}', "tools"),
+        (b'{"prompt": "a", "tool_choice": "auto"}', "tool_choice"),
+        (b'{"prompt": "a", "response_format": {"type": "json_object"}}', "response_format"),
+        (b'{"prompt": "a", "logit_bias": "x"}', "logit_bias"),
+        (b'{"prompt": "a", "logit_bias": {"1": NaN}}', "logit_bias"),
+        (b'{"prompt": "a", "logit_bias": {"1": 101}}', "logit_bias"),
+        (b'{"prompt": "a", "logit_bias": {"one": 1}}', "logit_bias"),
+        (b'{"prompt": "a", "logit_bias": {"-1": 1}}', "logit_bias"),
+        (b'{"prompt": "a", "logit_bias": {"1": true}}', "logit_bias"),
+        (b'{"prompt": "a", "logit_bias": {"99999999999999999999": 1}}', "logit_bias"),
+        (b'{"prompt": "a", "min_tokens": -1}', "min_tokens"),
+        (b'{"prompt": "a", "min_tokens": 1180591620717411303424}', "min_tokens"),  # 2**70
+        (b'{"prompt": "a", "min_tokens": 1.5}', "min_tokens"),
+        (b'{"prompt": "a", "min_tokens": 9, "max_tokens": 8}', "min_tokens"),
+        (b'{"prompt": "a", "min_tokens": 17}', "min_tokens"),  # past a completion's default of 16
+    ],
+)
+def test_a_worker_called_directly_refuses_what_the_gateway_refuses(body: bytes, param: str) -> None:
+    err = error_of(lambda: p.parse_completion(p.parse_json(body)))
+    assert (err.status, err.param, err.type) == (400, param, "invalid_request_error")
+
+
+def test_chat_bounds_min_tokens_by_max_completion_tokens() -> None:
+    chat = {"messages": [{"role": "user", "content": "x"}], "min_tokens": 9}
+    assert error_of(p.parse_chat, {**chat, "max_completion_tokens": 8, "max_tokens": 99}).param == "min_tokens"
+    assert p.parse_chat(chat).params.min_tokens == 9  # no limit asked: up to the context
+
+
+def test_logit_bias_and_min_tokens_reach_the_engine() -> None:
+    params = p.parse_completion(
+        {"prompt": "a", "max_tokens": 8, "min_tokens": 8, "logit_bias": {"5": -100, "7": 2.5}}
+    ).params
+    assert (params.min_tokens, params.logit_bias) == (8, {5: -100.0, 7: 2.5})
+    assert p.parse_completion({"prompt": "a"}).params.logit_bias == {}

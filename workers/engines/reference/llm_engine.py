@@ -140,7 +140,7 @@ class LLMEngine:
         self.blocks = BlockManager(num_blocks, p.block_size, p.enable_prefix_caching)
         self.scheduler = Scheduler(p, self.blocks)
         self.runner = ModelRunner(self.config, self.model, self.device, self.dtype, num_blocks, p.block_size)
-        self.sampler = Sampler()
+        self.sampler = Sampler(frozenset(self.eos_token_ids))
         self.memory = MemoryMeter(
             self.config,
             self.device,
@@ -213,6 +213,11 @@ class LLMEngine:
         bad = next((t for t in ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise RequestError(f"the prompt holds token id {bad}, outside the vocabulary (0..{vocab - 1}).", "prompt")
+        bad = next((t for t in params.logit_bias if t >= vocab), None)
+        if bad is not None:
+            raise RequestError(
+                f"logit_bias names token id {bad}, outside the vocabulary (0..{vocab - 1}).", "logit_bias"
+            )
         return CheckedRequest(text, ids, params)
 
     def add_request(
@@ -402,6 +407,8 @@ class LLMEngine:
         if seq.logprobs is not None and logprob is not None:
             seq.logprobs.append(logprob)
         p = seq.params
+        # Before min_tokens the sampler never picks a stop token; stop strings wait too (vLLM's rule).
+        may_stop = seq.num_output_tokens > p.min_tokens
         if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
             seq.stop_reason = token if token in p.stop_token_ids else None
             self._finish(seq, SequenceStatus.FINISHED_STOPPED, now, drop_last_token_text=True)
@@ -410,7 +417,7 @@ class LLMEngine:
             delta = seq.detokenizer.step(seq.token_ids)
             if delta:
                 seq.output_text += delta
-                if p.stop and self._check_stop_strings(seq, len(delta)):
+                if p.stop and may_stop and self._check_stop_strings(seq, len(delta)):
                     self._finish(seq, SequenceStatus.FINISHED_STOPPED, now)
                     return
         if seq.num_tokens >= seq.max_total_tokens:

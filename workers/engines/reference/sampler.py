@@ -1,8 +1,11 @@
 """Next-token choice per request: greedy, or temperature with top-k and
 top-p, drawn from the request's own generator (seeded per request, so a
-seed gives the same tokens whatever else shares the batch). The logprob
-reported is the chosen token's under the model's raw distribution, as vLLM
-reports by default.
+seed gives the same tokens whatever else shares the batch). Before that a
+request's ``logit_bias`` is added to its row, and until it has
+``min_tokens`` output tokens its stop tokens (EOS unless ``ignore_eos``,
+and ``stop_token_ids``) are masked out, as vLLM's logits processors do. The
+logprob reported is the chosen token's under the model's raw distribution,
+as vLLM reports by default.
 
 One request's bad row (non-finite logits, a distribution with nothing left
 to draw) fails that request alone: its index comes back in ``failures`` and
@@ -25,12 +28,17 @@ class SamplingFailed(RuntimeError):
 
 
 class Sampler:
+    def __init__(self, eos_token_ids: frozenset[int] = frozenset()):
+        self.eos_token_ids = eos_token_ids
+
     def __call__(
         self, logits: torch.Tensor, seqs: list[Sequence]
     ) -> tuple[list[int], list[float] | None, dict[int, SamplingFailed]]:
         """logits: [len(seqs), vocab] float32. Returns (tokens, logprobs, failures by row)."""
         if not seqs:
             return [], None, {}
+        raw = logits
+        logits = self._processed(logits, seqs)
         greedy = [s.params.temperature == 0 or s.params.top_k == 1 for s in seqs]
         chosen = logits.argmax(dim=-1)
         failures: dict[int, SamplingFailed] = {}
@@ -50,8 +58,29 @@ class Sampler:
                         failures[i] = SamplingFailed(f"sampling failed: {exc}")
         logprobs = None
         if any(s.logprobs is not None for s in seqs):
-            logprobs = torch.log_softmax(logits, dim=-1).gather(1, chosen[:, None])[:, 0].tolist()
+            logprobs = torch.log_softmax(raw, dim=-1).gather(1, chosen[:, None])[:, 0].tolist()
         return chosen.tolist(), logprobs, failures
+
+    def _processed(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """The rows with their biases added and, below min_tokens, their stop tokens masked;
+        ``logits`` itself when no request asks for either (a copy otherwise: logprobs read the raw rows)."""
+        out: torch.Tensor | None = None
+        for i, seq in enumerate(seqs):
+            p = seq.params
+            banned: set[int] = set()
+            if seq.num_output_tokens < p.min_tokens:
+                stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.eos_token_ids))
+                banned = {t for t in stops if t < logits.shape[1]}  # a stop id past the vocabulary never comes
+            if not p.logit_bias and not banned:
+                continue
+            if out is None:
+                out = logits.clone()
+            if p.logit_bias:
+                ids = torch.tensor(list(p.logit_bias), device=out.device)
+                out[i].index_add_(0, ids, torch.tensor(list(p.logit_bias.values()), dtype=out.dtype, device=out.device))
+            if banned:
+                out[i, torch.tensor(sorted(banned), device=out.device)] = float("-inf")
+        return logits if out is None else out
 
 
 def _sample_row(row: torch.Tensor, seq: Sequence) -> torch.Tensor:

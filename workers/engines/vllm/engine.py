@@ -251,6 +251,8 @@ class VLLMEngine:
             ignore_eos=params.ignore_eos,
             logprobs=0 if params.logprobs is not None else None,
             include_stop_str_in_output=params.include_stop_str_in_output,
+            min_tokens=params.min_tokens,
+            logit_bias=dict(params.logit_bias) or None,
             output_kind=RequestOutputKind.DELTA,
         )
 

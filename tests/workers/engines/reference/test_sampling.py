@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from workers.engines.api import SamplingParams
+from workers.engines.api import RequestError, SamplingParams
 from workers.engines.reference import LLM
 
 PROMPT = "The for statement"
@@ -126,6 +126,45 @@ def test_eos_ends_the_output_unless_ignore_eos(tmp_path: Path, tiny_model: Path,
     assert len(stopped.token_ids) == 2 and stopped.finish_reason == "stop" and stopped.stop_reason is None
     ignored = eos_llm.generate([PROMPT], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))[0].outputs[0]
     assert len(ignored.token_ids) == 10 and ignored.finish_reason == "length"
+
+
+def test_min_tokens_holds_off_eos_stop_tokens_and_stop_strings(tmp_path: Path, tiny_model: Path, llm: LLM) -> None:
+    full = greedy(llm, 12)
+    first_token = full.token_ids[1]
+    model = tmp_path / "eos"
+    shutil.copytree(tiny_model, model)
+    (model / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, first_token]}))
+    eos_llm = LLM(model, max_model_len=512)
+    held = eos_llm.generate([PROMPT], SamplingParams(temperature=0, max_tokens=10, min_tokens=6))[0].outputs[0]
+    # The EOS token was greedy's choice at position 2; masked, it is never drawn before 6 tokens.
+    assert len(held.token_ids) >= 6 and first_token not in held.token_ids[:6]
+    stop_id = full.token_ids[2]
+    out = greedy(llm, 12, stop_token_ids=[stop_id], min_tokens=5)
+    assert len(out.token_ids) >= 5 and stop_id not in out.token_ids[:5]
+    stop = full.text[:4]  # at the output's start: plainly it stops at once
+    assert stop.strip() and greedy(llm, 12, stop=[stop]).finish_reason == "stop"
+    late = greedy(llm, 12, stop=[stop], min_tokens=12)
+    assert late.finish_reason == "length" and len(late.token_ids) == 12
+
+
+def test_logit_bias_moves_the_choice_and_leaves_logprobs_raw(llm: LLM) -> None:
+    plain = greedy(llm, 4, logprobs=0)
+    favourite = 42 if 42 not in plain.token_ids else 43
+    biased = greedy(llm, 4, logprobs=0, logit_bias={favourite: 100.0})
+    assert biased.token_ids == [favourite] * 4
+    assert all(lp < -0.01 for lp in biased.logprobs)  # the raw distribution does not favour it
+    banned = greedy(llm, 4, logit_bias={plain.token_ids[0]: -100.0})
+    assert banned.token_ids[0] != plain.token_ids[0]
+
+
+def test_a_logit_bias_outside_the_vocabulary_names_the_field(llm: LLM) -> None:
+    vocab = llm.llm_engine.config.vocab_size
+    with pytest.raises(RequestError) as raised:
+        llm.generate([PROMPT], SamplingParams(max_tokens=3, logit_bias={vocab: 1.0}))
+    assert raised.value.field == "logit_bias"
+    with pytest.raises(RequestError) as raised:
+        llm.generate([PROMPT], SamplingParams(max_tokens=3, min_tokens=4))
+    assert raised.value.field == "min_tokens"
 
 
 def test_logprobs_are_the_chosen_tokens_under_the_raw_distribution(llm: LLM) -> None:
