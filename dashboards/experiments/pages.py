@@ -13,6 +13,7 @@ from django.template.loader import render_to_string
 
 from controlplane.experiments.measure import FIGURES, upgrade_figures
 from controlplane.experiments.models import Arm, ArmStatus, Experiment, Phase, Workload
+from dashboards import axes
 from workers.replay import Histogram
 
 LIST_LIMIT = 200
@@ -109,6 +110,14 @@ PLOT_SERIES = {
 }
 
 
+# The plot's value axes (experiments.js's scale names): the series on each, and how its ticks read.
+PLOT_SCALES = (
+    ("tok", ("output_throughput",), "number", ""),  # the axis's own label names the unit
+    ("req", ("goodput",), "number", ""),
+    ("s", ("ttft_p99", "stall_p99"), "duration", "s"),
+)
+
+
 def num_requests(arm: Arm) -> int:
     """The requests the arm's measured repeats sent: what backs its point."""
     return sum(int((r.get("client") or {}).get("num_requests") or 0) for r in arm.results)
@@ -128,14 +137,21 @@ def plot_payload(arms: list[Arm]) -> dict[str, Any]:
     baseline = next((a for a in measured if a.chunk_size is None), None)
     xs = [a.chunk_size for a in chunked]
     series = {name: [mean(a, key) for a in chunked] for name, key in PLOT_SERIES.items()}
+    base = {name: mean(baseline, key) for name, key in PLOT_SERIES.items()} if baseline else {}
+    scales = {}  # experiments.js's scales: each axis from zero, so a 1% gap looks like 1%
+    for scale, names, display, unit in PLOT_SCALES:
+        axis = axes.value_axis((v for n in names for v in (*series[n], base.get(n))), display, unit)
+        scales[scale] = axis.to_json() if axis else None
     return {
         "x": xs,
+        "x_range": axes.log_range([x for x in xs if x is not None]),
+        "axes": scales,
         "arms": [a.name for a in chunked],
         **series,
         "requests": [num_requests(a) for a in chunked],
         "repeats": [len(a.results) for a in chunked],
         "baseline": {
-            **{name: mean(baseline, key) for name, key in PLOT_SERIES.items()},
+            **base,
             "name": baseline.name,
             "requests": num_requests(baseline),
             "repeats": len(baseline.results),

@@ -28,6 +28,7 @@ from controlplane.fleet.models import Worker
 from controlplane.metrics import backends, catalogue, figures, query
 from controlplane.metrics.figures import Figure
 from controlplane.metrics.models import ScrapeRound, ScrapeStatus, ServiceObjectives
+from dashboards import axes
 
 RANGES: dict[str, float] = {"15m": 900, "1h": 3600, "3h": 10800, "6h": 21600}
 WINDOWS: dict[str, float] = {"1m": 60, "5m": 300, "15m": 900, "1h": 3600}
@@ -164,15 +165,17 @@ def chart_payload(
         for group, values in result.series.items():
             label = group if len(names) == 1 else f"{group} · {figures.get(name).label.split()[-1]}"
             lines.append({"label": label, "values": values})
-    return {
-        "id": chart_id,
-        "title": title,
-        "unit": first.unit,
-        "display": first.display_kind,
-        "direction": first.direction.value,
-        "times": times,
-        "lines": lines,
-    }
+    return axes.with_axes(
+        {
+            "id": chart_id,
+            "title": title,
+            "unit": first.unit,
+            "display": first.display_kind,
+            "direction": first.direction.value,
+            "times": times,
+            "lines": lines,
+        }
+    )
 
 
 def panel_context(view: View, now: datetime | None = None) -> dict[str, Any]:
@@ -254,6 +257,7 @@ def overview_context(view: View, now: datetime | None = None) -> dict[str, Any]:
     for name in ("client_requests_per_second", "goodput"):
         chart["lines"].append({"label": figures.get(name).label, "values": goodput[name].series.get("fleet", [])})
     chart["lines"][0]["label"] = "engines"
+    axes.with_axes(chart)  # again, over the lines added
     return {
         "view": view,
         "states": states,
@@ -281,6 +285,12 @@ def _ratio(canary: float | None, stable: float | None) -> float | None:
     return canary / stable
 
 
+# What says a cohort had traffic in the window, for each source of figures:
+# an idle cohort's figures are zeros that mean nothing, and a ratio against
+# them ("0.00×", coloured better or worse) would.
+_TRAFFIC = {"scrape": "requests_per_second", "requests": "request_count"}
+
+
 def compare_context(view: View, now: datetime | None = None) -> dict[str, Any]:
     now = now or timezone.now()
     values = {
@@ -291,11 +301,15 @@ def compare_context(view: View, now: datetime | None = None) -> dict[str, Any]:
     }
     present = {g for name in (*COMPARE_SCRAPE, *COMPARE_REQUESTS) for g in values.get(name, {})}
     cohorts = [c for c in COHORTS if c in present] or ["stable", "canary"]
+    busy = {
+        source: all((values.get(traffic, {}).get(c) or 0) > 0 for c in ("canary", "stable"))
+        for source, traffic in _TRAFFIC.items()
+    }
     rows = []
     for name in (*COMPARE_SCRAPE, *COMPARE_REQUESTS):
         f: Figure = figures.get(name)
         by = values.get(name, {})
-        ratio = _ratio(by.get("canary"), by.get("stable"))
+        ratio = _ratio(by.get("canary"), by.get("stable")) if busy[f.source] else None
         verdict = ""
         if ratio is not None and name != "request_count":
             worse = ratio > 1 if f.direction == figures.Direction.LOWER else ratio < 1

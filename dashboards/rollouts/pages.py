@@ -15,6 +15,7 @@ from controlplane.metrics import figures
 from controlplane.rollouts.evaluator import Phase
 from controlplane.rollouts.measure import TRAFFIC_WINDOW_SECONDS
 from controlplane.rollouts.models import AnalysisRun, Rollout
+from dashboards import axes
 
 LIST_LIMIT = 200
 TIMELINE_LIMIT = 300
@@ -131,6 +132,12 @@ def weight_rows(rollout: Rollout) -> list[dict[str, Any]]:
     ]
 
 
+def cohort_label(role: str, pool_name: str) -> str:
+    """A line's legend: the role, and the pool when its name says more than
+    the role does (a pool named "canary" read "canary canary")."""
+    return role if not pool_name or pool_name == role else f"{role} ({pool_name})"
+
+
 def run_context(run: AnalysisRun) -> dict[str, Any]:
     """One analysis run: each measurement's verdicts as rows, and per metric
     a chart of canary against baseline over the run."""
@@ -150,17 +157,19 @@ def run_context(run: AnalysisRun) -> dict[str, Any]:
             canary.append(verdict.get("canary"))
             baseline.append(verdict.get("baseline"))
         charts.append(
-            {
-                "id": f"run-{run.pk}-{name}",
-                "title": f"{name} ({figure_name}): canary against baseline",
-                "times": [m.taken_at.timestamp() for m in measurements],
-                "lines": [
-                    {"label": f"canary {run.canary_pool_name}", "values": canary},
-                    {"label": f"baseline {run.baseline_pool_name}", "values": baseline},
-                ],
-                "display": display,
-                "unit": unit,
-            }
+            axes.with_axes(
+                {
+                    "id": f"run-{run.pk}-{name}",
+                    "title": f"{name} ({figure_name}): canary against baseline",
+                    "times": [m.taken_at.timestamp() for m in measurements],
+                    "lines": [
+                        {"label": cohort_label("canary", run.canary_pool_name), "values": canary},
+                        {"label": cohort_label("baseline", run.baseline_pool_name), "values": baseline},
+                    ],
+                    "display": display,
+                    "unit": unit,
+                }
+            )
         )
     return {"run": run, "measurements": measurements, "charts": charts, "spec": spec}
 

@@ -5,6 +5,7 @@
 // results table has every figure.
 (function () {
   var chart = null;
+  window.chunkpilotExperimentPlot = function () { return chart; };
 
   function payload() {
     var src = document.getElementById("experiment-plot-data");
@@ -44,18 +45,37 @@
       series.push({ label: "baseline goodput", scale: "req", stroke: "#1c7c4a", dash: [6, 4], width: 1 });
       data.push(flat(b.output_throughput, n), flat(b.goodput, n));
     }
+    // Each value axis comes with the data (dashboards/axes.py): from zero in
+    // round steps, so a 1% gap between arms looks like 1%, not a cliff.
+    var axes = p.axes || {};
+    function scale(key) {
+      var a = axes[key];
+      return a ? { auto: false, range: function () { return [a.min, a.max]; } } : { auto: true };
+    }
+    function axis(key, opts) {
+      var a = axes[key];
+      if (!a) return opts;
+      opts.splits = function () { return a.ticks.slice(); };
+      opts.values = function (u, vals) {
+        return vals.map(function (v) { var i = a.ticks.indexOf(v); return i < 0 ? String(v) : a.labels[i]; });
+      };
+      return opts;
+    }
+    var xScale = { time: false, distr: 3 };
+    if (p.x_range) xScale.range = function () { return p.x_range.slice(); };
     chart = new uPlot({
       width: Math.max(320, el.clientWidth),
       height: 300,
-      scales: { x: { time: false, distr: 3 }, tok: { auto: true }, req: { auto: true }, s: { auto: true } },
+      scales: { x: xScale, tok: scale("tok"), req: scale("req"), s: scale("s") },
       series: series,
       axes: [
         { label: "chunk size (tokens)", values: function (u, vals) { return vals.map(function (v) { return v; }); } },
-        { scale: "tok", label: "tok/s" },
-        { scale: "req", label: "req/s", side: 3, grid: { show: false } },
-        { scale: "s", label: "seconds", side: 1, grid: { show: false } },
+        axis("tok", { scale: "tok", label: "tok/s" }),
+        axis("req", { scale: "req", label: "req/s", side: 3, grid: { show: false } }),
+        axis("s", { scale: "s", label: "TTFT, stall P99", side: 1, grid: { show: false } }),
       ],
     }, data, el);
+    chart.axesPayload = axes;
     el.setAttribute("data-points", String(n));
   }
 

@@ -16,16 +16,43 @@
     return (Math.abs(v) >= 100 ? Math.round(v).toLocaleString() : v.toPrecision(3)) + suffix;
   }
 
-  // uPlot spans a flat series of zeros over 0..100, which a percent axis
-  // shows as 10000%: give flat lines a small band of their own instead.
-  function yRange(p) {
+  // The server sends each chart's axes with its data (dashboards/axes.py):
+  // a value axis from zero in round steps with labels that never repeat, and
+  // a time range that gives a lone point a minute either side instead of
+  // uPlot's years. uPlot's own choice stands only when there is no data.
+  function yRange(holder) {
     return function (u, min, max) {
-      if (min == null || max == null) return [0, 1];
-      if (min === max) {
-        var pad = Math.abs(max) * 0.1 || (p.display === "percent" ? 0.01 : 1);
-        return [min >= 0 ? Math.max(0, min - pad) : min - pad, max + pad];
-      }
-      return uPlot.rangeNum(min, max, 0.1, true);
+      var a = holder.p.y_axis;
+      if (a) return [a.min, a.max];
+      return min == null || max == null || min === max ? [0, 1] : uPlot.rangeNum(min, max, 0.1, true);
+    };
+  }
+
+  function xRange(holder) {
+    return function (u, min, max) {
+      var r = holder.p.x_range;
+      return min === max && r ? [r[0], r[1]] : [min, max];
+    };
+  }
+
+  function ticks(holder) {
+    return function (u, i, min, max, incr, space) {
+      var a = holder.p.y_axis;
+      if (a) return a.ticks.slice();
+      var out = [];
+      for (var v = Math.ceil(min / incr) * incr; v <= max + incr / 1e6; v += incr) out.push(v);
+      return out;
+    };
+  }
+
+  function tickLabels(holder, fmt) {
+    return function (u, vals) {
+      var a = holder.p.y_axis;
+      if (!a) return vals.map(fmt);
+      return vals.map(function (v) {
+        var i = a.ticks.indexOf(v);
+        return i < 0 ? fmt(v) : a.labels[i];
+      });
     };
   }
 
@@ -34,18 +61,19 @@
     return src ? JSON.parse(src.textContent) : null;
   }
 
-  function options(el, p) {
+  function options(el, holder) {
+    var p = holder.p;
     var fmt = function (v) { return format(p.display, p.unit, v); };
     return {
       width: Math.max(300, el.clientWidth),
       height: 220,
-      scales: { x: { time: true }, y: { range: yRange(p) } },
+      scales: { x: { time: true, range: xRange(holder) }, y: { range: yRange(holder) } },
       legend: { live: true },
       series: [{}].concat(p.lines.map(function (line, i) {
         return { label: line.label, stroke: COLORS[i % COLORS.length], width: 2, spanGaps: false,
                  value: function (u, v) { return fmt(v); } };
       })),
-      axes: [{}, { size: 70, values: function (u, vals) { return vals.map(fmt); } }],
+      axes: [{}, { size: 70, splits: ticks(holder), values: tickLabels(holder, fmt) }],
     };
   }
 
@@ -60,13 +88,15 @@
     var key = p.lines.map(function (l) { return l.label; }).join("|");
     var chart = charts[id];
     if (chart && chart.el === el && chart.key === key) {
+      chart.holder.p = chart.payload = p;
       chart.plot.setData(data(p));
     } else {
       if (chart) chart.plot.destroy();
       el.querySelectorAll(".uplot, .empty-chart").forEach(function (n) { n.remove(); });
-      charts[id] = chart = { el: el, key: key, plot: new uPlot(options(el, p), data(p), el) };
+      var holder = { p: p };
+      charts[id] = chart = { el: el, key: key, holder: holder, payload: p };
+      chart.plot = new uPlot(options(el, holder), data(p), el);
     }
-    chart.payload = p;
     el.setAttribute("data-updates", String(Number(el.getAttribute("data-updates") || 0) + 1));
     el.classList.toggle("no-data", !p.lines.length);
   }

@@ -105,6 +105,29 @@ def test_cohort_page_puts_stable_and_canary_side_by_side_with_the_ratio(viewer_c
     assert 'class="ratio worse"' in ttft  # the canary's TTFT P99 is higher: worse
 
 
+def test_ratios_against_a_cohort_without_traffic_read_a_dash(viewer_client: Client) -> None:
+    canary = Worker.objects.create(name="gpu-c", url="http://c.invalid", pool=Pool.objects.create(name="canary-pool"))
+    stable = Worker.objects.create(name="gpu-s", url="http://s.invalid", pool=Pool.objects.create(name="stable-pool"))
+    now = timezone.now()
+    for i in range(60):
+        pages = {}
+        for w, cohort, n in ((canary, "canary", 1000), (stable, "stable", 1000 + 10 * i)):  # the canary idles
+            pages[job(w, cohort)] = Page(
+                counters={"vllm:request_success_total": n, "chunkpilot:memory_byte_seconds_total": 1e9 + 2e6 * i},
+                histograms={TTFT: ([(0.1, n), (1.0, n), (float("inf"), n)], 0.05 * n)},
+                gauges={"chunkpilot:memory_recent_peak_bytes": 5e5},
+            )
+        store(now - timedelta(seconds=5 * (59 - i)), pages)
+    html = viewer_client.get("/figures/cohorts/").content.decode()
+    table = html.split('id="cohort-table"', 1)[1].split("</table>", 1)[0]
+    rps = table.split('<tr data-figure="requests_per_second"', 1)[1].split("</tr>", 1)[0]
+    assert 'data-cohort="canary">0' in rps  # scraped, and idle
+    memory = table.split('<tr data-figure="memory_peak_to_mean"', 1)[1].split("</tr>", 1)[0]
+    assert 'data-cohort="canary">—' not in memory  # a figure of its own, yet no ratio against it
+    assert 'class="ratio worse"' not in table and 'class="ratio better"' not in table
+    assert table.count('<td class="ratio ">—</td>') == table.count("<tr data-figure=") > 10
+
+
 def test_length_table_lists_every_bucket_even_without_requests(viewer_client: Client) -> None:
     html = viewer_client.get("/figures/lengths/").content.decode()
     for bucket in ("<=512", "<=2K", "<=8K", "<=32K", ">32K"):

@@ -121,7 +121,46 @@ def test_each_verdict_is_charted_canary_against_baseline(page: Any, web: str) ->
     sign_in(page, web, Role.VIEWER, f"/rollouts/{r.pk}/")
     chart = page.locator(f"#chart-run-{run.pk}-ttft")
     expect(chart.locator("canvas")).to_have_count(1)
-    expect(chart).to_contain_text(f"canary {fleet.canary.name}")
-    expect(chart).to_contain_text(f"baseline {fleet.stable.name}")
+    expect(chart).to_contain_text(f"canary ({fleet.canary.name})")
+    expect(chart).to_contain_text(f"baseline ({fleet.stable.name})")
     expect(page.locator('.analysis-run [data-verdict="successful"]')).to_have_count(1)
     assert page.locator("button[data-action]").count() == 0  # viewers see no buttons
+
+
+def test_a_run_with_one_measurement_spans_minutes_from_zero_with_distinct_ticks(page: Any, web: str) -> None:
+    """One point: uPlot alone spans years of time and a hair of value."""
+    fleet = make_fleet(num_stable=1, num_canary=1)
+    r = Rollout.start(
+        routing_table=fleet.table,
+        stable_pool=fleet.stable,
+        canary_pool=fleet.canary,
+        target_revision=fleet.target_revision,
+        actor="tester",
+    )
+    now = timezone.now()
+    run = AnalysisRun.objects.create(
+        rollout=r,
+        attempt=1,
+        step_index=1,
+        template_name="default",
+        canary_pool_name="canary",
+        baseline_pool_name="baseline",
+        started_at=now,
+        phase=1,
+        spec={"metrics": [{"name": "ttft", "figure": "client_ttft_p99"}], "count": 2, "interval_seconds": 30},
+    )
+    verdict = {"metric": "ttft", "phase": "successful", "canary": 0.00992, "baseline": 0.00991, "reason": "within"}
+    Measurement.objects.create(run=run, taken_at=now, window_seconds=30, phase=2, verdicts=[verdict])
+    sign_in(page, web, Role.VIEWER, f"/rollouts/{r.pk}/")
+    chart = page.locator(f"#chart-run-{run.pk}-ttft")
+    expect(chart.locator("canvas")).to_have_count(1)
+    state = page.evaluate(
+        """(id) => { const u = window.chunkpilotCharts[id].plot;
+                     return {x: [u.scales.x.min, u.scales.x.max], y: [u.scales.y.min, u.scales.y.max],
+                             ticks: u.axes[1]._values, labels: u.series.slice(1).map(s => s.label)}; }""",
+        f"run-{run.pk}-ttft",
+    )
+    assert 0 < state["x"][1] - state["x"][0] <= 600, state  # minutes, not years
+    assert state["y"][0] == 0 and 0.00992 < state["y"][1] <= 0.02, state
+    assert len(set(state["ticks"])) == len(state["ticks"]) >= 3, state
+    assert state["labels"] == ["canary", "baseline"]  # not "canary canary"
