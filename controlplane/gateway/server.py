@@ -34,7 +34,6 @@ import asyncio
 import collections
 import contextlib
 import functools
-import json
 import logging
 import signal
 from collections.abc import Awaitable, Callable
@@ -43,9 +42,15 @@ from http import HTTPStatus
 
 import httptools
 
+from workers.openai_error import ApiError
+
 log = logging.getLogger(__name__)
 
 Headers = list[tuple[bytes, bytes]]
+# After a refusal, how long and how much of the client's rest is read and
+# dropped before the connection closes (nginx's lingering_timeout is 5 s).
+LINGER_SECONDS = 2.0
+LINGER_MAX_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -194,6 +199,7 @@ class _HttpProtocol(asyncio.Protocol):
         self._request_timer: asyncio.TimerHandle | None = None
         self._head_timer: asyncio.TimerHandle | None = None
         self._in_message = False  # part of a request has arrived, not all of it
+        self._lingering = -1  # bytes read and dropped after a refusal; -1 while not refused
         self._reset()
 
     def _reset(self) -> None:
@@ -212,6 +218,11 @@ class _HttpProtocol(asyncio.Protocol):
         self._arm_idle_timer()
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering >= 0:  # refused: what the client still sends is read and dropped
+            self._lingering += len(data)
+            if self._lingering > LINGER_MAX_BYTES and self.transport is not None:
+                self.transport.close()
+            return
         self._cancel_idle_timer()
         try:
             self.parser.feed_data(data)
@@ -221,7 +232,8 @@ class _HttpProtocol(asyncio.Protocol):
             # What a callback raised arrives wrapped, the original as the context.
             cause = exc.__context__
             self._refuse(cause if isinstance(cause, BadRequest) else BadRequest(400, f"malformed request: {exc}"))
-        self._arm_request_timer()
+        if self._lingering < 0:
+            self._arm_request_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
@@ -344,8 +356,7 @@ class _HttpProtocol(asyncio.Protocol):
             exchange.reply(
                 500,
                 [(b"content-type", b"application/json")],
-                b'{"error": {"message": "internal error", "type": "server_error", '
-                b'"param": null, "code": "internal_error"}}',
+                ApiError("internal error", status=500, type="server_error", code="internal_error").encode(),
             )
 
     def _close_out(self, exchange: Exchange) -> None:
@@ -384,14 +395,28 @@ class _HttpProtocol(asyncio.Protocol):
         if self.transport is None or self.lost:
             return
         if self.current is None:
-            body = json.dumps(
-                {"error": {"message": str(error), "type": "invalid_request_error", "param": None, "code": error.code}}
-            ).encode()
+            body = ApiError(str(error), status=error.status, code=error.code).encode()
             self.transport.write(
                 b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
                 b"connection: close\r\n\r\n%s" % (error.status, _reason(error.status), len(body), body)
             )
+            if self.transport.can_write_eof():
+                self._linger(self.transport)
+                return
         self.transport.close()
+
+    def _linger(self, transport: asyncio.Transport) -> None:
+        """Close after a refusal as nginx's lingering close does: send the
+        reply and our end of the stream, then read and drop what the client
+        is still sending for a moment. Closing at once with its unread bytes
+        (the rest of a 200 KB URL) makes the kernel answer with a reset,
+        which can destroy the reply before the client reads it."""
+        self._cancel_idle_timer()
+        self._cancel_request_timer()
+        self._cancel_head_timer()
+        self._lingering = 0
+        transport.write_eof()
+        self.loop.call_later(LINGER_SECONDS, transport.close)
 
     def close_if_idle(self) -> None:
         if self.current is None and self.transport is not None:
@@ -451,8 +476,7 @@ def _too_large(exchange: Exchange, limit: int) -> None:
     exchange.reply(
         413,
         [(b"content-type", b"application/json")],
-        b'{"error": {"message": "the request body is over %d bytes.", "type": "invalid_request_error", '
-        b'"param": null, "code": "request_too_large"}}' % limit,
+        ApiError(f"the request body is over {limit} bytes.", status=413, code="request_too_large").encode(),
     )
 
 

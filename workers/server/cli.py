@@ -29,6 +29,7 @@ from workers.profile import ENGINE_KINDS, ProfileError, load_profile
 from workers.server.app import build_app, max_request_bytes_for
 from workers.server.host import EngineHost, RunningProfile
 from workers.server.metrics import MetricsExporter
+from workers.server.wire import JsonErrorsHttpTools
 
 log = logging.getLogger("workers.serve")
 
@@ -208,6 +209,7 @@ def main(args: argparse.Namespace) -> int:
         log_level=args.log_level.lower(),
         access_log=False,
         timeout_graceful_shutdown=max(5, int(args.drain_timeout)),
+        http=JsonErrorsHttpTools,  # the 400s uvicorn answers itself in JSON too
     )
     uvicorn.Server(config).run()
     return 0

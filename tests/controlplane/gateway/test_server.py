@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import pytest
 import uvloop
 
 from controlplane.gateway.server import Exchange, ServerSettings, serve
@@ -160,13 +162,25 @@ def test_expect_100_continue_is_answered_before_the_body_is_sent() -> None:
     run(test)
 
 
-def test_a_malformed_request_gets_400_with_a_json_error_and_the_connection_closes() -> None:
+@pytest.mark.parametrize(
+    ("head", "status"),
+    [
+        (b"NOT HTTP AT ALL\r\n\r\n", 400),
+        (b"GET /v1/models HTTP/1.1\r\nhost: x\r\nno colon here\r\n\r\n", 400),
+        (b"GET /v1/models?q=" + b"a" * 210_000 + b" HTTP/1.1\r\nhost: x\r\n\r\n", 431),  # a URL over 200 KB
+    ],
+    ids=["request-line", "header", "url-over-200kb"],
+)
+def test_a_malformed_request_gets_a_json_error_in_openais_shape_and_the_connection_closes(
+    head: bytes, status: int
+) -> None:
     async def test() -> None:
         async with serving(echo) as srv:
             reader, writer = await connect(srv["port"])
-            writer.write(b"NOT HTTP AT ALL\r\n\r\n")
-            status, _, body = await read_response(reader)
-            assert status == 400 and b'"error"' in body
+            writer.write(head)
+            got, headers, body = await read_response(reader)
+            assert (got, headers[b"content-type"]) == (status, b"application/json")
+            assert set(json.loads(body)["error"]) == {"message", "type", "param", "code"}
             assert await asyncio.wait_for(reader.read(), 5) == b""
 
     run(test)

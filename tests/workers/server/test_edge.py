@@ -74,6 +74,41 @@ def test_a_body_declared_larger_than_the_limit_is_413_before_it_is_sent(server: 
     assert b"request_too_large" in reply
 
 
+def whole_reply(url: str, data: bytes) -> tuple[bytes, dict[bytes, bytes], bytes]:
+    """Send ``data`` on a raw socket; the reply's status line, headers and body, read to the server's close."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as conn:
+        conn.sendall(data)
+        reply = b""
+        while chunk := conn.recv(65536):
+            reply += chunk
+    head, _, body = reply.partition(b"\r\n\r\n")
+    status, *lines = head.split(b"\r\n")
+    return status, dict(line.lower().split(b": ", 1) for line in lines), body
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"NOT HTTP AT ALL\r\n\r\n",
+        b"GET /health HTTP/1.1\r\nHost: w\r\nno colon here\r\n\r\n",
+        b"GET /health?q=" + b"a" * 210_000 + b" HTTP/1.1\r\nHost: w\r\n\r\n",
+    ],
+    ids=["request-line", "header", "url-over-200kb"],
+)
+def test_what_the_http_parser_refuses_is_a_400_in_openais_json_shape(server: str, data: bytes) -> None:
+    status, headers, body = whole_reply(server, data)
+    assert status.startswith(b"HTTP/1.1 400"), status
+    assert headers[b"content-type"] == b"application/json"
+    error = json.loads(body)["error"]
+    assert (set(error), error["type"], error["code"]) == (
+        {"message", "type", "param", "code"},
+        "invalid_request_error",
+        "invalid_http",
+    )
+    assert healthy(server)
+
+
 def test_a_chunked_body_past_the_limit_is_413(server: str) -> None:
     def chunks() -> Iterator[bytes]:
         yield b'{"prompt": "'
