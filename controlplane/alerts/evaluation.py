@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -40,6 +39,7 @@ from django.utils import timezone
 
 from controlplane import audit
 from controlplane.alerts import bulk, conf, lifecycle, sources
+from controlplane.alerts.annotations import render_annotations
 from controlplane.alerts.labels import fingerprint
 from controlplane.alerts.lifecycle import AlertState
 from controlplane.alerts.models import Alert, AlertRule, AlertTransition
@@ -66,7 +66,6 @@ ALERT_FIELDS = [
 # rendered again from them when read (Alert.live_annotations).
 VALUE_FIELDS = ["value", "value_detail", "last_evaluated_at"]
 AUDIT_MAX_LISTED = 100
-_TEMPLATE = re.compile(r"\{\{\s*\$(value|labels\.([a-zA-Z_][a-zA-Z0-9_]*))\s*\}\}")
 
 
 @dataclass
@@ -83,30 +82,6 @@ class CycleResult:
 def tick_of(now: datetime, interval_seconds: float | None = None) -> datetime:
     interval = interval_seconds or conf.ALERT_EVAL_INTERVAL.get()
     return datetime.fromtimestamp(math.floor(now.timestamp() / interval) * interval, tz=UTC)
-
-
-def expand(text: str, labels: dict[str, str], value: float | None) -> str:
-    """Prometheus's two template variables: ``{{ $value }}``, ``{{ $labels.x }}``."""
-
-    def one(m: re.Match[str]) -> str:
-        if m.group(1) == "value":
-            return "no data" if value is None else f"{value:.4g}"
-        return labels.get(m.group(2), "")
-
-    return _TEMPLATE.sub(one, text) if "{{" in text else text
-
-
-def render_annotations(
-    rule: AlertRule, labels: dict[str, str], value: float | None, detail: str, with_value: bool
-) -> dict[str, str]:
-    """The rule's annotations for one alert: templates rendered, plus the
-    value (and for ratio rules both sides) while it matters."""
-    annotations = {k: expand(v, labels, value) for k, v in rule.annotations().items()}
-    if detail:
-        annotations["value_detail"] = detail
-    if with_value:
-        annotations["value"] = "no data" if value is None else f"{value:.6g}"
-    return annotations
 
 
 def condition_of(rule: AlertRule, sample: sources.Sample) -> bool | None:
@@ -426,7 +401,7 @@ def _step_one(
     row.flapping = flapping
     row.value_detail = sample.detail
     row.annotations = render_annotations(
-        rule, labels, after.value, sample.detail, after.state.is_active or transition is not None
+        rule.annotations(), labels, after.value, sample.detail, after.state.is_active or transition is not None
     )
     row.last_evaluated_at = tick
     if transition is not None:

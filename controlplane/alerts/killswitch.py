@@ -37,15 +37,10 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from controlplane.alerts.choices import ACTION_ABORT, ACTION_LABEL, ROLLOUT_LABEL
 from controlplane.alerts.labels import fingerprint as fingerprint_of
 from controlplane.alerts.lifecycle import AlertState
-from controlplane.alerts.models import (
-    ACTION_ABORT,
-    ACTION_LABEL,
-    ROLLOUT_LABEL,
-    Alert,
-    InboundAlert,
-)
+from controlplane.alerts.models import Alert, InboundAlert
 from controlplane.fleet.models import Worker
 
 log = logging.getLogger(__name__)

@@ -33,30 +33,22 @@ from django.utils import timezone
 
 from controlplane import audit, live
 from controlplane.alerts import conf, lifecycle
+from controlplane.alerts.annotations import render_annotations
+from controlplane.alerts.choices import (
+    ACTION_ABORT,
+    ACTION_CHOICES,
+    ACTION_LABEL,
+    ACTION_NOTIFY,
+    COMPARATOR_CHOICES,
+    COMPARE_CHOICES,
+    GROUP_BY_CHOICES,
+    NO_DATA_CHOICES,
+    SEVERITY_CHOICES,
+    STATE_CHOICES,
+)
 from controlplane.alerts.labels import Matcher, coerce_matcher, matches_all
 from controlplane.alerts.lifecycle import AlertState, NoData
-
-STATE_CHOICES = [(s.value, s.label) for s in AlertState]
-SEVERITIES = ("info", "warning", "critical")
-SEVERITY_CHOICES = [(s, s) for s in SEVERITIES]
-COMPARATOR_CHOICES = [(c, c) for c in lifecycle.COMPARATORS]
-NO_DATA_CHOICES = [
-    (NoData.NODATA.value, "no data: a state of its own"),
-    (NoData.ALERTING.value, "alerting: the condition holds"),
-    (NoData.OK.value, "ok: the condition does not hold"),
-]
-GROUP_BY_CHOICES = [(g, g) for g in ("fleet", "worker", "pool", "cohort")]
-ACTION_NOTIFY = "notify"
-ACTION_ABORT = "abort_rollout"
-ACTION_CHOICES = [(ACTION_NOTIFY, "notify"), (ACTION_ABORT, "abort the rollout that owns the canary")]
-COMPARE_CHOICES = [
-    ("", "the figure itself"),
-    ("baseline", "ratio to the baseline pool of the same routing table (its stable pool if it has none)"),
-    ("stable", "ratio to the stable pool of the same routing table"),
-]
-# The label a firing alert carries to ask an inbound receiver to abort a rollout.
-ACTION_LABEL = "chunkpilot_action"
-ROLLOUT_LABEL = "rollout"
+from controlplane.alerts.validation import rule_errors
 
 
 class AlertRule(audit.Audited, models.Model):
@@ -142,9 +134,6 @@ class AlertRule(audit.Audited, models.Model):
             audit.record(actor, "alert_rule.update", self, before, {"enabled": enabled}, time=now)
 
     def clean(self) -> None:
-        # Imported here: validation imports this module.
-        from controlplane.alerts.validation import rule_errors
-
         errors = rule_errors(self)
         if errors:
             from django.core.exceptions import ValidationError
@@ -297,11 +286,8 @@ class Alert(models.Model):
         JSON); an event's as it was sent."""
         if self.rule_id is None or self.rule is None:
             return dict(self.annotations)
-        # Imported here: evaluation imports this module.
-        from controlplane.alerts.evaluation import render_annotations
-
         return render_annotations(
-            self.rule, self.labels, self.value, self.value_detail, AlertState(self.state).is_active
+            self.rule.annotations(), self.labels, self.value, self.value_detail, AlertState(self.state).is_active
         )
 
     def starts_at(self) -> datetime:

@@ -13,8 +13,8 @@ from datetime import datetime
 from typing import Any
 
 from controlplane.alerts import lifecycle, sources
+from controlplane.alerts.choices import ACTION_ABORT, ACTION_CHOICES, SEVERITIES
 from controlplane.alerts.labels import ALERT_NAME, MatcherError, coerce_matcher, label_errors
-from controlplane.alerts.models import ACTION_ABORT, ACTION_CHOICES, SEVERITIES
 from controlplane.fleet.pools import ROLES
 
 MAX_WINDOW_SECONDS = 14 * 86400.0  # the metrics' rollup retention

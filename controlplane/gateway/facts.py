@@ -9,12 +9,10 @@ log never holds a guess. Pure: no I/O.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from controlplane.gateway.meter import Usage
-
-if TYPE_CHECKING:
-    from controlplane.gateway.proxy import RequestRecord
+from controlplane.gateway.record import RequestRecord
 
 PREFILL_MODES = ("chunked", "monolithic")
 

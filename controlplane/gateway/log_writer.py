@@ -18,7 +18,7 @@ from django.db import DatabaseError, IntegrityError, close_old_connections, conn
 from controlplane.fleet.models import Pool, Worker
 from controlplane.gateway.metrics import GatewayMetrics
 from controlplane.gateway.models import ClientKey, RequestLog
-from controlplane.gateway.proxy import RequestRecord
+from controlplane.gateway.record import RequestRecord
 from controlplane.profiles.models import ProfileRevision
 
 log = logging.getLogger(__name__)

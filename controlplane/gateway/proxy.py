@@ -59,6 +59,7 @@ from controlplane.gateway.inflight import (
 from controlplane.gateway.meter import StreamMeter, Usage
 from controlplane.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from controlplane.gateway.params import apply_output_cap, output_cap
+from controlplane.gateway.record import RequestRecord
 from controlplane.gateway.server import Exchange, Headers
 from controlplane.gateway.state import (
     ClientKeyInfo,
@@ -110,39 +111,6 @@ class ProxySettings:
     stream_silence_seconds: float = 10.0  # a stream this long without a token counts as silent (gauges)
     stream_idle_timeout_seconds: float = 120.0  # ... and this long is ended with an error event (0: never)
     track_streams: bool = True  # off: no silence gauges, no idle timeout (to measure their cost)
-
-
-@dataclass(slots=True)
-class RequestRecord:
-    """One client request as the gateway saw it: a ``RequestLog`` row to be."""
-
-    request_id: str
-    created_at: float  # time.time() at arrival
-    model: str
-    cohort: str = ""
-    pool_id: int | None = None
-    worker_id: int | None = None
-    profile_revision_id: int | None = None
-    api_key_id: int | None = None
-    prompt_tokens: int | None = None
-    cached_tokens: int | None = None
-    output_tokens: int | None = None
-    ttft_seconds: float | None = None
-    max_gap_seconds: float | None = None
-    tpot_seconds: float | None = None
-    e2e_seconds: float | None = None
-    status: int = 0
-    error: str = ""
-    stream: bool = False
-    # The engine's facts (gateway/facts.py); None where it did not say.
-    prefill_mode: str = ""
-    prompt_split: bool | None = None
-    num_prefill_chunks: int | None = None
-    computed_tokens: int | None = None
-    queue_seconds: float | None = None
-    prefill_seconds: float | None = None
-    preemptions: int | None = None
-    timeline: dict[str, Any] | None = None  # {"chunks": [[offset s, tokens]], "gaps": [s]}
 
 
 def _no_capacity(message: str) -> ApiError:

@@ -5,7 +5,8 @@ definitions.
 
 ``python manage.py export_deploy`` writes ``deploy/grafana/chunkpilot.json``,
 ``deploy/prometheus/{prometheus.yml, rules.yml, rules.test.yml}`` (the last
-from ``rule_tests``) and ``deploy/alertmanager/alertmanager.yml``; a test
+from ``rule_tests``; ``shipped.files`` lists them all) and
+``deploy/alertmanager/alertmanager.yml``; a test
 fails when the checked-in files drift from this module, and the tests run
 promtool and amtool on them.
 
@@ -491,17 +492,3 @@ def prometheus_yaml() -> str:
 
 def alertmanager_yaml() -> str:
     return ALERTMANAGER_HEADER + _yaml(alertmanager_config())
-
-
-def files() -> dict[str, str]:
-    """Every shipped file by its path under ``deploy/``."""
-    # Not at the top: rule_tests reads this module's rules (a real cycle).
-    from controlplane.metrics import rule_tests
-
-    return {
-        "grafana/chunkpilot.json": dashboard_json(),
-        "prometheus/prometheus.yml": prometheus_yaml(),
-        "prometheus/rules.yml": rules_yaml(),
-        "prometheus/rules.test.yml": rule_tests.rule_tests_yaml(),
-        "alertmanager/alertmanager.yml": alertmanager_yaml(),
-    }

@@ -13,7 +13,7 @@ import pytest
 
 from controlplane.gateway.facts import take_facts
 from controlplane.gateway.models import ClientKey, RequestLog
-from controlplane.gateway.proxy import RequestRecord
+from controlplane.gateway.record import RequestRecord
 from tests.controlplane.gateway.factories import routed_reference_worker
 
 PROFILE = {

@@ -14,7 +14,8 @@ import uvloop
 
 from controlplane.accounts.secrets import hash_secret
 from controlplane.fleet.pools import PoolRole
-from controlplane.gateway.proxy import Gateway, RequestRecord
+from controlplane.gateway.proxy import Gateway
+from controlplane.gateway.record import RequestRecord
 from controlplane.gateway.server import serve
 from controlplane.gateway.state import (
     ClientKeyInfo,

@@ -12,7 +12,7 @@ from django.utils import timezone
 from controlplane.gateway.log_writer import LogWriter, write_records
 from controlplane.gateway.metrics import GatewayMetrics
 from controlplane.gateway.models import RequestLog
-from controlplane.gateway.proxy import RequestRecord
+from controlplane.gateway.record import RequestRecord
 from controlplane.gateway.tasks import purge_request_log
 from tests.controlplane.gateway.factories import routed_model
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from controlplane.accounts.roles import Role
-from controlplane.metrics import deploy, figures
+from controlplane.metrics import deploy, figures, shipped
 from tests.controlplane.factories import api_client, make_user
 from workers.server.metrics import MetricsExporter
 
@@ -35,7 +35,7 @@ def all_expressions() -> list[str]:
     return exprs
 
 
-@pytest.mark.parametrize(("relative", "text"), deploy.files().items())
+@pytest.mark.parametrize(("relative", "text"), shipped.files().items())
 def test_checked_in_files_are_what_the_registry_generates(relative: str, text: str) -> None:
     assert (ROOT / "deploy" / relative).read_text() == text, "run `python manage.py export_deploy`"
 

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from controlplane.alerts import models as alert_models
-from controlplane.metrics import deploy, rule_tests
+from controlplane.metrics import deploy, rule_tests, shipped
 from tests.monitoring import AMTOOL, DEPLOY, PROMTOOL, copy_deploy, prometheus, tool
 
 
@@ -66,11 +66,11 @@ def test_every_shipped_rule_has_a_unit_test() -> None:
 
 
 def test_a_rule_without_a_test_stops_the_generation(monkeypatch: pytest.MonkeyPatch) -> None:
-    shipped = deploy.prometheus_rules
+    rules_now = deploy.prometheus_rules
 
     def with_one_more(kind: str, name: str) -> Any:
         def rules() -> dict[str, Any]:
-            out = shipped()
+            out = rules_now()
             out["groups"][0 if kind == "record" else 1]["rules"].append({kind: name, "expr": "vector(1)"})
             return out
 
@@ -78,10 +78,10 @@ def test_a_rule_without_a_test_stops_the_generation(monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(deploy, "prometheus_rules", with_one_more("alert", "ChunkpilotSomethingNew"))
     with pytest.raises(rule_tests.MissingRuleTest, match="ChunkpilotSomethingNew"):
-        deploy.files()
+        shipped.files()
     monkeypatch.setattr(deploy, "prometheus_rules", with_one_more("record", "chunkpilot:something_new:5m"))
     with pytest.raises(rule_tests.MissingRuleTest, match="chunkpilot:something_new:5m"):
-        deploy.files()
+        shipped.files()
 
 
 @pytest.mark.parametrize(

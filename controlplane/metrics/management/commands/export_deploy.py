@@ -1,6 +1,6 @@
 """``python manage.py export_deploy``: write the Grafana dashboard, the
 Prometheus scrape config, rules and their unit tests, and the Alertmanager
-config from the figure registry (``controlplane.metrics.deploy``)."""
+config from the figure registry (``controlplane.metrics.shipped``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from controlplane.metrics import deploy
+from controlplane.metrics import shipped
 
 
 class Command(BaseCommand):
@@ -21,7 +21,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **opts: Any) -> None:
         out: Path = opts["out"]
-        for relative, text in deploy.files().items():
+        for relative, text in shipped.files().items():
             path = out / relative
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
