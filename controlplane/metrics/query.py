@@ -42,7 +42,7 @@ import contextvars
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -727,7 +727,9 @@ def _request_rows(points: Floats, window: float, selector: Mapping[str, str], gr
     for key, indices in groups.items():
         mask = np.zeros(len(raw), dtype=bool)
         mask[indices] = True
-        out[key] = all_rows.take(mask)
+        # Each group is a share of the stream all these rows make: its rates
+        # are over the stream's time with traffic (figures._per_window_rate).
+        out[key] = replace(all_rows.take(mask), stream=all_rows.created)
     if group_by == "length_bucket":
         out = {label: out[label] for label in catalogue.LENGTH_BUCKET_LABELS if label in out}
     return out

@@ -285,6 +285,17 @@ def test_goodput_counts_requests_meeting_both_objectives(clock) -> None:
     }
 
 
+def test_each_groups_rate_is_over_the_time_the_whole_stream_had_traffic(clock) -> None:
+    # One stream, one request a second for 60 s; three of them, 3 s apart, to the canary.
+    for i in range(60):
+        log_request(at(0.5 + i), prompt_tokens=10, ttft=0.1, cohort="canary" if i in (30, 33, 36) else "stable")
+    log_request(at(200), prompt_tokens=10, ttft=0.1)  # past the window: not in it
+    got = query.query("client_requests_per_second", 60, "cohort", now=at(60))
+    # 3 and 57 requests over the stream's 60 s, not the canary's 3 over its own 6 s and edges.
+    assert got == {"canary": pytest.approx(3 / 60), "stable": pytest.approx(57 / 60)}
+    assert query.query("client_requests_per_second", 60, "fleet", now=at(60)) == {"fleet": pytest.approx(1.0)}
+
+
 def test_goodput_judges_a_request_answered_whole_by_when_its_answer_arrived(clock) -> None:
     # Not streamed: the gateway logs no TTFT or TPOT, only the end-to-end time.
     log_request(

@@ -85,6 +85,19 @@ def test_rates_are_scaled_to_a_full_share_of_traffic_and_latencies_are_not() -> 
     assert ttft.canary == pytest.approx(0.3) and ttft.baseline == pytest.approx(0.2)  # not scaled
 
 
+def test_a_sparse_canary_is_rated_over_the_streams_time_with_traffic_not_its_own() -> None:
+    """Issue 26: a 10% canary of a 0.5 req/s stream read 0.83 req/s per share
+    against the stable's 0.31. Its three requests a minute, 6 s apart by
+    chance, spanned a fraction of the window that the stream had traffic in."""
+    fleet = make_fleet(num_stable=1)
+    requests(fleet, "canary", 3, ttft=0.3, start=40, every=6)
+    requests(fleet, "stable", 27, ttft=0.2, start=59, every=59 / 26)  # 0.45/s through the window
+    samples = measure.collect(rollout(fleet), SPEC, {"canary": 1000, "stable": 9000}, timezone.now())
+    throughput = samples["throughput"]
+    assert throughput.baseline == pytest.approx(27 / 60 / 0.9, rel=0.05)
+    assert throughput.canary == pytest.approx(3 / 60 / 0.1, rel=0.05)  # 0.5 per share, as the stable
+
+
 def test_a_pool_without_weight_has_no_throughput_rather_than_a_division_by_zero() -> None:
     fleet = make_fleet(num_stable=1)
     requests(fleet, "stable", 10, ttft=0.2, start=57, every=6)
