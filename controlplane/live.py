@@ -28,7 +28,7 @@ import logging
 import threading
 from collections.abc import Iterable
 from enum import StrEnum
-from typing import Any, NotRequired, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict, overload
 
 from asgiref.sync import async_to_sync
 from channels.layers import BaseChannelLayer, get_channel_layer
@@ -90,6 +90,37 @@ def group(event: Event, scope: object | None = None) -> str:
     return event.value if scope is None else f"{event.value}.{scope}"
 
 
+# The message type of each event, which ``publish``'s overloads below follow field for field.
+MESSAGES: dict[Event, type] = {
+    Event.WORKER_CHANGED: WorkerChanged,
+    Event.METRICS_SCRAPED: MetricsScraped,
+    Event.ROLLOUT_CHANGED: RolloutChanged,
+    Event.ALERTS_CHANGED: AlertsChanged,
+    Event.EXPERIMENT_CHANGED: ExperimentChanged,
+}
+
+
+# One signature per event, so a publish with a field its message lacks, or
+# without one it needs, is a type error where it is written.
+@overload
+def publish(
+    event: Literal[Event.WORKER_CHANGED],
+    *,
+    scopes: Iterable[object] = (),
+    worker_id: int,
+    created: bool = ...,
+    deleted: bool = ...,
+) -> None: ...
+@overload
+def publish(
+    event: Literal[Event.METRICS_SCRAPED], *, scopes: Iterable[object] = (), at: float, worker_ids: list[int]
+) -> None: ...
+@overload
+def publish(event: Literal[Event.ROLLOUT_CHANGED], *, scopes: Iterable[object] = (), rollout_id: int) -> None: ...
+@overload
+def publish(event: Literal[Event.ALERTS_CHANGED], *, scopes: Iterable[object] = (), alert_ids: list[int]) -> None: ...
+@overload
+def publish(event: Literal[Event.EXPERIMENT_CHANGED], *, scopes: Iterable[object] = (), experiment_id: int) -> None: ...
 def publish(event: Event, *, scopes: Iterable[object] = (), **fields: Any) -> None:
     """Tell every listener of ``event`` (and of each of ``scopes``) after the
     current transaction commits. Never raises."""

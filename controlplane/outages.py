@@ -50,6 +50,8 @@ REDIS = "redis"
 # Connection-level failures only: an IntegrityError is a bug, not an outage.
 DATABASE_ERRORS: tuple[type[BaseException], ...] = (OperationalError, InterfaceError)
 REDIS_ERRORS: tuple[type[BaseException], ...] = (redis.ConnectionError, redis.TimeoutError, BrokerError)
+# What a Celery task retries (with capped backoff): any store being away, whatever it answered.
+STORE_ERRORS = DATABASE_ERRORS + REDIS_ERRORS
 
 
 def store_down(exc: BaseException) -> str | None:

@@ -10,15 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import redis
-from django.db import InterfaceError, OperationalError
 from django.utils import timezone
 
+from controlplane import outages
 from controlplane.celery import app
 from controlplane.experiments import conf, runner
 from controlplane.experiments.models import Experiment
 
-RETRIED = (OperationalError, InterfaceError, redis.ConnectionError, redis.TimeoutError)
+RETRIED = outages.STORE_ERRORS
 
 
 @app.task(

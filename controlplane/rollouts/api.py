@@ -301,15 +301,7 @@ class RolloutViewSet(
     """Canary rollouts. Buttons set flags; the reconciler acts on them."""
 
     def get_queryset(self) -> QuerySet[Rollout]:
-        qs = Rollout.objects.select_related(
-            "routing_table",
-            "stable_pool",
-            "canary_pool",
-            "baseline_pool",
-            "stable_revision__profile",
-            "target_revision__profile",
-            "created_by",
-        )
+        qs = Rollout.objects.with_related()
         if self.action == "retrieve":
             qs = qs.prefetch_related("analysis_runs__measurements")
         active = self.request.query_params.get("active")

@@ -174,19 +174,7 @@ def tick(rollout_id: int, token: str | None = None, *, now: datetime | None = No
     """One locked read-decide-act. None: the rollout is gone, or this run
     was superseded by a newer one."""
     with transaction.atomic():
-        rollout = (
-            Rollout.objects.select_for_update(of=("self",))
-            .select_related(
-                "routing_table",
-                "stable_pool",
-                "canary_pool",
-                "baseline_pool",
-                "stable_revision__profile",
-                "target_revision__profile",
-            )
-            .filter(pk=rollout_id)
-            .first()
-        )
+        rollout = Rollout.objects.select_for_update(of=("self",)).with_related().filter(pk=rollout_id).first()
         if rollout is None or (token is not None and rollout.schedule_token != token):
             return None
         now = now or timezone.now()

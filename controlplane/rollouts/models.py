@@ -257,6 +257,19 @@ BUSY_MESSAGE = "another rollout is still running on this routing table or these 
 
 
 class RolloutQuerySet(models.QuerySet["Rollout"]):
+    def with_related(self) -> RolloutQuerySet:
+        """With the rows a rollout is shown and reconciled by: its routing
+        table, its pools, both revisions with their profiles, its creator."""
+        return self.select_related(
+            "routing_table",
+            "stable_pool",
+            "canary_pool",
+            "baseline_pool",
+            "stable_revision__profile",
+            "target_revision__profile",
+            "created_by",
+        )
+
     def active(self) -> RolloutQuerySet:
         return self.filter(phase__lt=Phase.ABORTED)
 

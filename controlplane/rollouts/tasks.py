@@ -13,15 +13,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import redis
-from django.db import InterfaceError, OperationalError
 from django.utils import timezone
 
+from controlplane import outages
 from controlplane.celery import app
 from controlplane.rollouts import conf, controller
 from controlplane.rollouts.models import Rollout
 
-RETRIED = (OperationalError, InterfaceError, redis.ConnectionError, redis.TimeoutError)
+RETRIED = outages.STORE_ERRORS
 
 
 @app.task(

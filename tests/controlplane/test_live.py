@@ -6,7 +6,9 @@ never raised."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
+import typing
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -52,6 +54,28 @@ def test_group_names_and_handlers() -> None:
     assert live.group(live.Event.ROLLOUT_CHANGED, 12) == "rollouts.changed.12"
     assert live.Event.METRICS_SCRAPED.handler == "metrics_scraped"
     assert live.Event.ALERTS_CHANGED.handler == "alerts_changed"
+
+
+def test_each_event_is_published_with_exactly_its_message_fields() -> None:
+    """``publish``'s overload for an event takes the fields of that event's
+    message type, required where the message requires them, so a type
+    checker holds every publish to its event's message."""
+    seen = {}
+    for overload in typing.get_overloads(live.publish):
+        signature = inspect.signature(overload, eval_str=True)
+        (event,) = typing.get_args(signature.parameters["event"].annotation)
+        fields = {n: p for n, p in signature.parameters.items() if n not in ("event", "scopes")}
+        seen[event] = (
+            {n for n, p in fields.items() if p.default is inspect.Parameter.empty},
+            {n for n, p in fields.items() if p.default is not inspect.Parameter.empty},
+        )
+    expected = {}
+    for event, message in live.MESSAGES.items():
+        # Read from the hints: under postponed annotations __optional_keys__ misses NotRequired.
+        hints = typing.get_type_hints(message, include_extras=True)
+        optional = {n for n, hint in hints.items() if typing.get_origin(hint) is typing.NotRequired}
+        expected[event] = (set(hints) - optional - {"type"}, optional)
+    assert seen == expected and set(seen) == set(live.Event)
 
 
 def test_an_event_reaches_its_group_and_each_scoped_group() -> None:
