@@ -16,6 +16,7 @@ exceptions are listed below, each with its reason.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -287,3 +288,28 @@ def test_the_benchmarks_may_drive_anything_and_nothing_imports_them() -> None:
     assert violations("controlplane.bench.management.commands.bench_metrics", bench) == []
     found = violations("dashboards.metrics.views", "from controlplane.bench import gateway\n")
     assert any("the benchmarks are outside the product" in v for v in found)
+
+
+def pure_cores_in_the_docs() -> list[str]:
+    """The modules docs/architecture.md's apps table names as pure cores (its last column)."""
+    names = []
+    for line in (ROOT / "docs" / "architecture.md").read_text().splitlines():
+        cells = [c.strip() for c in line.split("|")]
+        if len(cells) > 4 and cells[1].startswith("`") and cells[2].isdigit():
+            app = cells[1].strip("`")
+            names += [f"controlplane.{app}.{n[:-3]}" for n in re.findall(r"`([a-z_]+\.py)`", cells[-2])]
+    return names
+
+
+def test_the_pure_cores_the_architecture_names_import_no_django_and_no_models() -> None:
+    cores = pure_cores_in_the_docs()
+    assert {"controlplane.rollouts.evaluator", "controlplane.advisor.verdicts"} <= set(cores)
+    found = []
+    for module in cores:
+        path = ROOT.joinpath(*module.split(".")).with_suffix(".py")
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            found += [f"{module} imports {n}" for n in names if n.split(".")[0] == "django" or n.endswith(".models")]
+    assert found == []

@@ -1059,7 +1059,7 @@ FIGURES: dict[str, Figure] = {
             L,
             "Streams the gateway ended because their worker sent no token for "
             "GATEWAY_STREAM_IDLE_TIMEOUT_SECONDS (logged as 598). The rollout analysis adds the streams "
-            "silent right now (hung_streams check).",
+            "silent right now (its hanging check).",
             _timed_out_count,
         ),
     ]
