@@ -51,6 +51,7 @@ class Hardware(TypedDict, total=False):
     num_devices: int
     memory_bytes: int  # per device; host memory on CPU
     cpu_count: int
+    simulated: bool  # a simulated engine's device (engine kind "sim"); absent or false on real hardware
 
 
 class Load(TypedDict, total=False):

@@ -20,13 +20,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 PrefillMode = Literal["chunked", "monolithic"]
-EngineKind = Literal["reference", "vllm"]
+EngineKind = Literal["reference", "vllm", "sim"]
 PREFILL_MODES: tuple[str, ...] = ("chunked", "monolithic")
-ENGINE_KINDS: tuple[str, ...] = ("reference", "vllm")
+ENGINE_KINDS: tuple[str, ...] = ("reference", "vllm", "sim")
 
 # Knobs an engine kind lacks; setting one for that kind is an error.
 UNSUPPORTED_KNOBS: dict[str, frozenset[str]] = {
     "reference": frozenset(),
+    "sim": frozenset(),  # the reference engine's scheduler, so its knobs
     "vllm": frozenset({"short_prompt_threshold", "min_prefill_tokens_per_step"}),
 }
 

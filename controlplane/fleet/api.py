@@ -45,6 +45,7 @@ from controlplane.fleet.models import (
 )
 from controlplane.profiles.models import ProfileRevision
 from workers import contract
+from workers.profile import ENGINE_KINDS
 
 STATE_BY_LABEL = {state.label: state for state in WorkerState}
 
@@ -107,7 +108,7 @@ class PoolViewSet(AuditedModelViewSet):
 # ---- enrollment tokens -------------------------------------------------------
 class EnrollmentTokenSerializer(AuditedSerializer):
     token = serializers.SerializerMethodField(help_text="the token itself: in the create reply only, never again")
-    created_by = serializers.CharField(source="created_by.username", read_only=True, default=None)
+    created_by = serializers.CharField(source="created_by.username", read_only=True, default=None, allow_null=True)
     usable = serializers.SerializerMethodField()
     max_uses = serializers.IntegerField(required=False, allow_null=True, min_value=1)
 
@@ -172,7 +173,7 @@ class StateField(serializers.Field):
 class WorkerSerializer(AuditedSerializer):
     state = StateField(read_only=True)
     pool = serializers.PrimaryKeyRelatedField(queryset=Pool.objects.all(), allow_null=True, required=False)
-    pool_name = serializers.CharField(source="pool.name", read_only=True, default=None)
+    pool_name = serializers.CharField(source="pool.name", read_only=True, default=None, allow_null=True)
     desired_revision = serializers.PrimaryKeyRelatedField(
         queryset=ProfileRevision.objects.select_related("profile"),
         allow_null=True,
@@ -182,6 +183,9 @@ class WorkerSerializer(AuditedSerializer):
     desired = serializers.SerializerMethodField(help_text="what it should run: the override, else the pool's")
     running = RevisionRefSerializer(source="running_revision", read_only=True, allow_null=True)
     drifting = serializers.SerializerMethodField(help_text="desired ≠ running for longer than the grace period")
+    simulated = serializers.BooleanField(
+        read_only=True, help_text="a simulated engine: step times from a GPU performance database, no real inference"
+    )
 
     class Meta:
         model = Worker
@@ -194,6 +198,7 @@ class WorkerSerializer(AuditedSerializer):
             "labels",
             "hardware",
             "engine_kind",
+            "simulated",
             "model",
             "max_model_len",
             "state",
@@ -301,7 +306,7 @@ class WorkerViewSet(
             qs = qs.filter(pool_id=pool_id)
         elif pool_name is not None:
             qs = qs.filter(pool__name=pool_name)
-        if state := params.get("state"):
+        if (state := params.get("state")) is not None:
             if state not in STATE_BY_LABEL:
                 raise serializers.ValidationError({"state": [f"must be one of {', '.join(STATE_BY_LABEL)}."]})
             qs = qs.filter(state=STATE_BY_LABEL[state])
@@ -310,6 +315,8 @@ class WorkerViewSet(
             qs = qs.drifting()
         elif drifting in ("false", "0"):
             qs = qs.exclude(pk__in=Worker.objects.drifting().values("pk"))
+        elif drifting is not None:  # a filter that is not a boolean must not read as no filter
+            raise serializers.ValidationError({"drifting": ["must be true or false."]})
         return qs
 
     def _flag(self, request: Request, verb: str) -> Response:
@@ -384,7 +391,7 @@ RegisterRequestDoc = inline_serializer(
         "enroll_token": serializers.CharField(),
         "name": serializers.CharField(),
         "url": serializers.URLField(),
-        "engine_kind": serializers.ChoiceField(choices=["reference", "vllm"]),
+        "engine_kind": serializers.ChoiceField(choices=list(ENGINE_KINDS)),
         "model": serializers.CharField(required=False),
         "max_model_len": serializers.IntegerField(required=False),
         "hardware": serializers.DictField(required=False),

@@ -250,6 +250,12 @@ class Worker(audit.Audited, models.Model):
     def __str__(self) -> str:
         return self.name
 
+    @property
+    def simulated(self) -> bool:
+        """A simulated engine (``workers serve --engine sim``): step times from a
+        GPU performance database, no real inference. Shown on every worker."""
+        return self.engine_kind == "sim" or bool((self.hardware or {}).get("simulated"))
+
     # ---- what it should run -------------------------------------------
     @property
     def state_label(self) -> str:

@@ -3,8 +3,9 @@
 ``api`` is the contract every engine implements (``AsyncEngine``, the records
 it reports, ``EngineSpec`` and ``Backend``); ``stream`` is the delta stream
 both engines hand the server. Each engine is a folder of the same shape,
-``reference/`` (Chunkpilot's own, PyTorch) and ``vllm/`` (vLLM's V1 engine in
-this process), whose ``backend.py`` holds its ``BACKEND``: how to check a
+``reference/`` (Chunkpilot's own, PyTorch), ``vllm/`` (vLLM's V1 engine in
+this process) and ``sim/`` (the reference scheduler on a simulated GPU's step
+times, from NVIDIA's AIConfigurator database), whose ``backend.py`` holds its ``BACKEND``: how to check a
 profile for it, its default profile, and how to build its ``AsyncEngine``.
 
 ``BACKENDS`` names them by import string, as healthchecks names its
@@ -23,6 +24,7 @@ from workers.profile import EngineProfile, ProfileError
 BACKENDS: dict[str, str] = {
     "reference": "workers.engines.reference.backend:BACKEND",
     "vllm": "workers.engines.vllm.backend:BACKEND",
+    "sim": "workers.engines.sim.backend:BACKEND",
 }
 
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
+import os
 import socket
 import sys
 from collections.abc import AsyncIterator
@@ -24,6 +26,7 @@ import uvicorn
 
 from workers import engines
 from workers.agent import Agent, ControlPlaneClient, detect_hardware
+from workers.contract import Hardware
 from workers.engines.api import EngineSpec
 from workers.profile import ENGINE_KINDS, ProfileError, load_profile
 from workers.server.app import build_app, max_request_bytes_for
@@ -38,7 +41,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--engine", choices=ENGINE_KINDS, default="reference", help="engine backend (default: reference)"
     )
-    parser.add_argument("--model", required=True, help="local Hugging Face checkpoint directory")
+    parser.add_argument(
+        "--model",
+        help="local Hugging Face checkpoint directory (sim: the tokenizer's; default: the shipped tiny model)",
+    )
     parser.add_argument("--profile", help="engine profile: a JSON object or a JSON file path")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
@@ -71,6 +77,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="fault injection (reference engine, off by default): a request whose prompt contains this text "
         "stops being fed after its first output",
     )
+    sim = parser.add_argument_group("simulated engine (--engine sim)")
+    sim.add_argument("--sim-system", help="GPU system in AIConfigurator's database, e.g. h200_sxm")
+    sim.add_argument(
+        "--sim-backend", default="vllm", help="serving backend whose kernels were measured (default: vllm)"
+    )
+    sim.add_argument(
+        "--sim-model",
+        help="model config: an id the database ships (meta-llama/Meta-Llama-3.1-8B) or a local config.json",
+    )
+    sim.add_argument("--sim-version", help="database version (default: the newest for the system and backend)")
+    sim.add_argument("--sim-table", help="instead of a GPU: a step-time table fitted to the reference engine (JSON)")
+    sim.add_argument(
+        "--count",
+        type=int,
+        default=1,
+        help="sim only: serve this many workers from one process, on ports PORT..PORT+COUNT-1, named NAME-0..",
+    )
     parser.add_argument("--log-level", default="info")
 
 
@@ -85,19 +108,50 @@ def _checkpoint_max_len(model: str, cap: int | None) -> int | None:
     return min(int(native), cap) if cap else int(native)
 
 
-def _advertise_url(args: argparse.Namespace) -> str:
-    if args.advertise_url:
+def _advertise_url(args: argparse.Namespace, port: int) -> str:
+    if args.advertise_url and args.count == 1:
         return str(args.advertise_url).rstrip("/")
     host = args.host
     if host in ("0.0.0.0", "::", ""):
         host = socket.getfqdn()
-    return f"http://{host}:{args.port}"
+    return f"http://{host}:{port}"
+
+
+def _sim_hardware(spec: EngineSpec) -> Hardware:
+    from workers.engines.sim.backend import spec_device  # only a simulated worker loads the kernel database
+
+    device = spec_device(spec)
+    return Hardware(
+        device="sim",
+        name=device.name,
+        num_devices=1,
+        memory_bytes=device.memory_bytes,
+        cpu_count=os.cpu_count() or 1,
+        simulated=True,
+    )
+
+
+def _sim_max_len(spec: EngineSpec, cap: int | None) -> int:
+    from workers.engines.sim.backend import spec_device  # only a simulated worker loads the kernel database
+
+    native = spec_device(spec).model_config.max_position_embeddings
+    return min(native, cap) if cap else native
 
 
 def main(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
+    if args.count < 1 or (args.count > 1 and args.engine != "sim"):
+        print("error: --count: must be 1, or more with --engine sim.", file=sys.stderr)
+        return 2
+    if args.model is None:
+        if args.engine != "sim":
+            print("error: --model is required.", file=sys.stderr)
+            return 2
+        from workers.engines.reference.tiny import SHIPPED_DIR  # the tokenizer a simulated worker speaks
+
+        args.model = str(SHIPPED_DIR)
     spec = EngineSpec(
         kind=args.engine,
         model=args.model,
@@ -107,25 +161,70 @@ def main(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         seed=args.seed,
         fault_stall_marker=args.fault_stall_marker,
+        sim_system=args.sim_system,
+        sim_backend=args.sim_backend,
+        sim_model=args.sim_model,
+        sim_version=args.sim_version,
+        sim_table=args.sim_table,
     )
     if not (Path(args.model) / "config.json").exists():
         print(f"error: {args.model} is not a checkpoint directory (no config.json).", file=sys.stderr)
         return 2
+    hardware: Hardware | None = None
+    try:
+        if args.engine == "sim":
+            # A simulated device that cannot be built ends here, naming the option
+            # and what is available: never a silent fall-back to other data.
+            hardware = _sim_hardware(spec)
+            max_model_len: int | None = _sim_max_len(spec, args.max_model_len)
+            spec = dataclasses.replace(spec, max_model_len=max_model_len)
+        else:
+            max_model_len = _checkpoint_max_len(args.model, args.max_model_len)
+    except ValueError as exc:
+        print(f"error: --{str(getattr(exc, 'field', 'sim')).replace('_', '-')}: {exc}", file=sys.stderr)
+        return 2
     backend = engines.backend(args.engine)
-    max_model_len = _checkpoint_max_len(args.model, args.max_model_len)
     try:
         # The contract's rules first: a knob the engine lacks is refused
         # before torch (let alone vLLM) is imported.
         given = (
             load_profile(args.profile, engine_kind=args.engine, max_model_len=max_model_len) if args.profile else None
         )
-        device = engines.resolve_device(args.device)
+        device = engines.resolve_device(args.device) if args.engine != "sim" else "sim"
         profile = given or backend.default_profile(device)
         engines.validate(spec, profile, max_model_len)
     except ProfileError as exc:
         print(f"error: the profile cannot run on the {args.engine} engine: {exc}", file=sys.stderr)
         return 2
+    if hardware is None:
+        hardware = detect_hardware(device)
+    configs = [_worker_config(args, i, spec, backend, profile, max_model_len, hardware) for i in range(args.count)]
+    if len(configs) == 1:
+        uvicorn.Server(configs[0]).run()
+        return 0
 
+    async def serve_all() -> None:
+        servers = [uvicorn.Server(c) for c in configs]
+        await asyncio.gather(*(server.serve() for server in servers))
+
+    asyncio.run(serve_all())
+    return 0
+
+
+def _worker_config(
+    args: argparse.Namespace,
+    index: int,
+    spec: EngineSpec,
+    backend: Any,
+    profile: Any,
+    max_model_len: int | None,
+    hardware: Hardware,
+) -> uvicorn.Config:
+    """One worker: engine host, agent and OpenAI app on its own port.
+    With ``--count N`` (simulated), worker ``i`` listens on PORT+i and is NAME-i."""
+    many = args.count > 1
+    port = args.port + index
+    name = f"{args.name}-{index}" if many else args.name
     exporter = MetricsExporter(model_name=spec.model_name, max_model_len=max_model_len or 32768)
 
     def on_engine(engine: Any, running: RunningProfile) -> None:
@@ -148,18 +247,21 @@ def main(args: argparse.Namespace) -> int:
     agent = None
     if args.control_plane:
         labels = dict(item.split("=", 1) for item in args.label if "=" in item)
+        state_file = args.state_file
+        if state_file is not None and many:
+            state_file = state_file.with_name(f"{state_file.stem}-{index}{state_file.suffix}")
         agent = Agent(
             host,
             ControlPlaneClient(args.control_plane),
             enroll_token=args.enroll_token,
-            name=args.name,
-            url=_advertise_url(args),
+            name=name,
+            url=_advertise_url(args, port),
             engine_kind=args.engine,
             model=spec.model_name,
             max_model_len=max_model_len or 0,
-            hardware=detect_hardware(device),
+            hardware=hardware,
             labels=labels,
-            state_file=args.state_file,
+            state_file=state_file,
         )
 
     @contextlib.asynccontextmanager
@@ -202,17 +304,15 @@ def main(args: argparse.Namespace) -> int:
         max_request_bytes=args.max_request_bytes or max_request_bytes_for(max_model_len),
     )
     app.state.agent = agent
-    config = uvicorn.Config(
+    return uvicorn.Config(
         app,
         host=args.host,
-        port=args.port,
+        port=port,
         log_level=args.log_level.lower(),
         access_log=False,
         timeout_graceful_shutdown=max(5, int(args.drain_timeout)),
         http=JsonErrorsHttpTools,  # the 400s uvicorn answers itself in JSON too
     )
-    uvicorn.Server(config).run()
-    return 0
 
 
 __all__ = ["add_arguments", "main"]

@@ -39,7 +39,7 @@ def test_every_engine_kind_of_the_contract_has_a_backend() -> None:
 
 
 def test_an_unknown_kind_is_refused_naming_the_choices() -> None:
-    with pytest.raises(ValueError, match="unknown engine 'sglang'; choose one of reference, vllm"):
+    with pytest.raises(ValueError, match="unknown engine 'sglang'; choose one of reference, vllm, sim"):
         engines.backend("sglang")
 
 
@@ -49,7 +49,7 @@ def test_choosing_a_backend_and_checking_profiles_loads_neither_torch_nor_vllm()
     )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    assert report["refused"] == {"reference": ["max_num_batched_tokens"], "vllm": ["max_num_batched_tokens"]}
+    assert report["refused"] == {kind: ["max_num_batched_tokens"] for kind in ("reference", "vllm", "sim")}
     assert report["loaded"] == []
 
 

@@ -80,8 +80,8 @@ class AsyncLLM:
         self.model_dir = Path(model)
         self.stall_seconds = stall_seconds
         self.fault_stall_marker = fault_stall_marker
-        config = ModelConfig.from_pretrained(self.model_dir)
-        self.max_model_len = min(max_model_len or config.max_position_embeddings, config.max_position_embeddings)
+        native = self._native_max_model_len()
+        self.max_model_len = min(max_model_len or native, native)
         self.profile = resolve_profile(profile, profile_fields, self.max_model_len)
         self.model_name = served_model_name or self.model_dir.name
         self._tokenizer: Tokenizer | None = None  # loaded off the event loop by start()
@@ -98,6 +98,13 @@ class AsyncLLM:
         self._step_started: float | None = None  # monotonic start of the step running now
         self._consecutive_step_failures = 0
 
+    def _native_max_model_len(self) -> int:
+        return ModelConfig.from_pretrained(self.model_dir).max_position_embeddings
+
+    def _new_engine(self) -> LLMEngine:
+        """Build the engine (off the event loop); the simulated engine builds its own."""
+        return LLMEngine(self.model_dir, profile=self.profile, served_model_name=self.model_name, **self._engine_kwargs)
+
     @property
     def tokenizer(self) -> Tokenizer:
         # Loading imports transformers (seconds, more on a busy machine): the
@@ -112,16 +119,12 @@ class AsyncLLM:
             return
         self._loop = asyncio.get_running_loop()
         await asyncio.to_thread(lambda: self.tokenizer)
-        engine = await asyncio.to_thread(
-            lambda: LLMEngine(
-                self.model_dir, profile=self.profile, served_model_name=self.model_name, **self._engine_kwargs
-            )
-        )
+        engine = await asyncio.to_thread(self._new_engine)
         for observer in self._observers:
             engine.add_observer(observer)
         self.engine = engine
         self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="reference-engine", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"{self.engine_kind}-engine", daemon=True)
         self._thread.start()
 
     async def shutdown(self) -> None:

@@ -33,7 +33,7 @@ from workers.engines.api import (
 )
 from workers.engines.reference.block_manager import BlockManager
 from workers.engines.reference.config import ModelConfig
-from workers.engines.reference.memory import MemoryMeter, kv_block_bytes
+from workers.engines.reference.memory import MemoryMeter, StepShape, kv_block_bytes
 from workers.engines.reference.model import LlamaForCausalLM
 from workers.engines.reference.model_runner import ModelRunner
 from workers.engines.reference.sampler import Sampler
@@ -335,19 +335,7 @@ class LLMEngine:
         if not sched.chunks:
             return []
         blocks_during = self.blocks.pool.num_used
-        with self.runner.thread_policy.step():
-            try:
-                logits, sampling, shape = self.runner.run(sched.chunks)
-            except Exception as exc:
-                # The forward pass failed for the batch as a whole: every request
-                # in it fails (which one caused it cannot be told), their blocks
-                # are freed, and the engine steps on with the others.
-                failed = [c.seq for c in sched.chunks]
-                for seq in failed:
-                    self._fail(seq, f"the engine's forward pass failed: {exc!r}", self.clock())
-                raise StepFailed([s.request_id for s in failed], exc) from exc
-            seqs = [c.seq for c in sampling]
-            tokens, logprobs, failures = self.sampler(logits, seqs)
+        seqs, tokens, logprobs, failures, shape = self._execute(sched.chunks)
         end = self.clock()
         self.scheduler.complete(sched, end)
         self.num_steps += 1
@@ -396,6 +384,25 @@ class LLMEngine:
                 continue
             outputs.append(self._make_output(seq))
         return outputs
+
+    def _execute(self, chunks: list[ScheduledChunk]) -> tuple[list[Sequence], Any, Any, dict[int, Any], StepShape]:
+        """Run the model once over the step's chunks and sample: the sequences
+        that sampled, their tokens, logprobs (or None), failures by index, and
+        the step's shape. The simulated engine replaces only this."""
+        with self.runner.thread_policy.step():
+            try:
+                logits, sampling, shape = self.runner.run(chunks)
+            except Exception as exc:
+                # The forward pass failed for the batch as a whole: every request
+                # in it fails (which one caused it cannot be told), their blocks
+                # are freed, and the engine steps on with the others.
+                failed = [c.seq for c in chunks]
+                for seq in failed:
+                    self._fail(seq, f"the engine's forward pass failed: {exc!r}", self.clock())
+                raise StepFailed([s.request_id for s in failed], exc) from exc
+            seqs = [c.seq for c in sampling]
+            tokens, logprobs, failures = self.sampler(logits, seqs)
+        return seqs, tokens, logprobs, failures, shape
 
     def _append_token(self, seq: Sequence, token: int, logprob: float | None, now: float) -> None:
         seq.token_ids.append(token)

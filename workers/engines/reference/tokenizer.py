@@ -16,6 +16,7 @@ costs a decode of a few ids, not of the whole output.
 from __future__ import annotations
 
 import functools
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +30,19 @@ NO_TEMPLATE = (
 )
 
 
-@functools.lru_cache(maxsize=8)
+# transformers' lazy module is not safe to import from two threads at once
+# (one sees it half-initialised: "no attribute 'AutoTokenizer'"); many
+# workers of one process (``serve --count``) load their tokenizers together.
+_LOAD_LOCK = threading.Lock()
+
+
 def _load(path: str, mtime_ns: int) -> Any:
+    with _LOAD_LOCK:
+        return _load_once(path, mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _load_once(path: str, mtime_ns: int) -> Any:
     """One transformers tokenizer per checkpoint (and version of its files)
     per process: the engine and its async wrapper share it."""
     import transformers  # seconds to import: only where a tokenizer is loaded
