@@ -52,6 +52,10 @@ class Hardware(TypedDict, total=False):
     memory_bytes: int  # per device; host memory on CPU
     cpu_count: int
     simulated: bool  # a simulated engine's device (engine kind "sim"); absent or false on real hardware
+    # What a simulated device rests on (workers.engines.sim.steptime Device.describe()): for
+    # AIConfigurator, kind "aiconfigurator", system, backend, database_version, model; for a
+    # fitted table, kind "fitted", table, model_dir. Predictions rebuild the same device from it.
+    sim: dict[str, Any]
 
 
 class Load(TypedDict, total=False):

@@ -128,6 +128,7 @@ def _sim_hardware(spec: EngineSpec) -> Hardware:
         memory_bytes=device.memory_bytes,
         cpu_count=os.cpu_count() or 1,
         simulated=True,
+        sim=device.describe(),
     )
 
 

@@ -357,7 +357,24 @@ def load_device(
     return AicDevice(system, backend, model, version)
 
 
+def from_description(described: dict[str, Any]) -> Device:
+    """The device a simulated worker reported (``Device.describe()``, in its
+    hardware's ``sim``): how a prediction simulates that worker's own GPU."""
+    kind = described.get("kind")
+    if kind == "aiconfigurator":
+        return AicDevice(
+            str(described["system"]),
+            str(described["backend"]),
+            str(described["model"]),
+            described.get("database_version"),
+        )
+    if kind == "fitted":
+        return FittedDevice(str(described["table"]))
+    raise SimSetupError("sim", f"an unknown simulated device kind {kind!r}.")
+
+
 __all__ = [
+    "from_description",
     "FIT_FEATURES",
     "AicDevice",
     "Device",

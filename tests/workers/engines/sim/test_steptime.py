@@ -7,7 +7,14 @@ import pytest
 from aiconfigurator_core.sdk import EngineHandle, estimate_kv_cache
 
 from tests.workers.engines.sim.conftest import BACKEND, MODEL, SYSTEM
-from workers.engines.sim.steptime import AicDevice, SimSetupError, StepBatch, load_device, supported_databases
+from workers.engines.sim.steptime import (
+    AicDevice,
+    SimSetupError,
+    StepBatch,
+    from_description,
+    load_device,
+    supported_databases,
+)
 
 
 @pytest.fixture(scope="module")
@@ -86,3 +93,10 @@ def test_an_unknown_name_fails_naming_the_field_and_listing_what_is_available(
 
 def test_the_database_lists_the_issue_s_gpus() -> None:
     assert {"h100_sxm", "h200_sxm", "b200_sxm"} <= set(supported_databases())
+
+
+def test_a_device_rebuilds_from_what_its_worker_reported(h200: AicDevice) -> None:
+    again = from_description(h200.describe())
+    batch = StepBatch(prefills=((0, 1000),), decode_kv_lens=(3000,) * 20)
+    assert again.step_seconds(batch) == h200.step_seconds(batch)
+    assert again.name == h200.name
