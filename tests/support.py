@@ -1,10 +1,12 @@
 """Helpers the test suites share: real processes on free ports, waited for and
 reaped, with their output kept for the failure report. ``free_port`` and
 ``wait_until`` are the control plane's own (``controlplane.launcher``), the
-one copy of each that the benchmarks use too."""
+one copy of each that the benchmarks use too; ``wait_until_async`` is
+``wait_until`` for a test that runs on an event loop."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -13,15 +15,33 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from controlplane.launcher import free_port, wait_until
+from controlplane.launcher import NotReached, free_port, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+async def wait_until_async(
+    predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition", *, interval: float = 0.01
+) -> Any:
+    """``wait_until`` on the running event loop: ``predicate`` is tried every
+    ``interval`` seconds, the loop serving everything else in between, and
+    its first true value returned; after ``timeout`` seconds NotReached."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise NotReached(f"{what}: not after {timeout:g}s (last: {value!r})")
+        await asyncio.sleep(interval)
+
+
 PYTHON = sys.executable
 
 
@@ -174,4 +194,14 @@ class Traffic:
                 self.failures.append(f"loadgen {seed} exited {done.returncode}: {done.stderr[-2000:]}")
 
 
-__all__ = ["PYTHON", "ROOT", "Process", "Traffic", "child_env", "free_port", "running", "wait_until"]
+__all__ = [
+    "PYTHON",
+    "ROOT",
+    "Process",
+    "Traffic",
+    "child_env",
+    "free_port",
+    "running",
+    "wait_until",
+    "wait_until_async",
+]

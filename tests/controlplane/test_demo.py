@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,7 @@ import httpx
 import pytest
 
 from controlplane import embedded
-from tests.support import PYTHON, Process, free_port
+from tests.support import PYTHON, Process, free_port, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -78,13 +77,16 @@ def test_demo_runs_everything_and_ctrl_c_stops_it_cleanly(tmp_path: Path, tiny_m
         browser = log_in(base, "demo-secret")
         try:
             assert "Fleet" in browser.get("/").text
-            deadline = time.monotonic() + 180
-            while time.monotonic() < deadline:
-                rows = browser.get("/", headers={"HX-Request": "true"}).text
-                if rows.count('data-state="ready"') == 4:
-                    break
-                time.sleep(1)
-            assert rows.count('data-state="ready"') == 4, rows  # with the lab worker experiments run on
+            seen: list[str] = []
+
+            def four_ready() -> str | None:
+                seen[:] = [browser.get("/", headers={"HX-Request": "true"}).text]
+                return seen[0] if seen[0].count('data-state="ready"') == 4 else None
+
+            # Four: with the lab worker experiments run on.
+            rows = wait_until(
+                four_ready, 180, "four workers ready on the fleet page", interval=1, detail=lambda: seen[0]
+            )
             assert rows.count(">in step<") == 4, "each worker runs its pool's revision"
         finally:
             browser.close()
@@ -99,10 +101,9 @@ def test_demo_runs_everything_and_ctrl_c_stops_it_cleanly(tmp_path: Path, tiny_m
         assert completion.json()["choices"][0]["message"]["content"] is not None
         # The demo's own traffic flows through the gateway too (the figures
         # pages have data): more completed requests than the one sent above.
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and gateway_requests(gateway_port) < 3:
-            time.sleep(1)
-        assert gateway_requests(gateway_port) >= 3
+        wait_until(
+            lambda: gateway_requests(gateway_port) >= 3, 120, "the demo's own traffic through the gateway", interval=1
+        )
         assert "long-tail mix at 0.5 req/s" in demo.output()
         assert embedded.socket_path(tmp_path).exists()
         assert len(processes_using(tmp_path)) >= 8  # demo, web, celery ×2+, beat, 4 workers, traffic, redis

@@ -16,7 +16,7 @@ import pytest
 import uvloop
 
 from controlplane.gateway.server import Exchange, ServerSettings, serve
-from tests.support import free_port
+from tests.support import free_port, wait_until_async
 
 JSON = [(b"content-type", b"application/json")]
 
@@ -272,7 +272,8 @@ def test_a_client_that_does_not_read_pauses_the_handler_and_resumes_it_when_it_d
         async with serving(handler, write_high_water=1 << 16) as srv:
             reader, writer = await connect(srv["port"])
             writer.write(post("/flood", b""))
-            await asyncio.sleep(0.3)  # reading nothing meanwhile
+            # Reading nothing meanwhile: the server must tell the handler to stop writing.
+            await wait_until_async(lambda: events, 10, "the server to pause the flooding handler")
             assert events == ["pause"]
             status, _, body = await read_response(reader)  # now read it all
             assert status == 200 and len(body) >= 1 << 16
@@ -396,8 +397,11 @@ def test_a_declared_body_over_the_limit_is_refused_at_once_without_waiting_for_i
 
 
 def test_shutdown_lets_the_request_in_flight_finish_then_runs_the_hook() -> None:
+    in_flight = asyncio.Event()
+
     def handler(ex: Exchange) -> Awaitable[None]:
         async def slow() -> None:
+            in_flight.set()
             await asyncio.sleep(0.3)
             echo(ex)
 
@@ -407,7 +411,7 @@ def test_shutdown_lets_the_request_in_flight_finish_then_runs_the_hook() -> None
         async with serving(handler) as srv:
             reader, writer = await connect(srv["port"])
             writer.write(post("/slow", b"1"))
-            await asyncio.sleep(0.05)
+            await asyncio.wait_for(in_flight.wait(), 10)
             srv["stop"].set()  # while the request is in flight
             status, headers, body = await read_response(reader)
             assert (status, body) == (200, b"POST /slow 1")

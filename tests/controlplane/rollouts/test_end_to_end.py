@@ -28,6 +28,7 @@ from typing import Any
 
 import httpx
 import pytest
+from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
 from controlplane.accounts.roles import Role
@@ -194,7 +195,7 @@ def test_rollouts_promote_abort_on_regression_and_abort_by_hand_with_no_failed_r
         table.configure(
             [PoolSpec(pools["stable"], "stable", 10000), PoolSpec(pools["canary"], "canary", 0)], actor="test"
         )
-        started = time.time()
+        started, traffic_start = time.time(), timezone.now()
         with Traffic(stack.gateway, key, rate=1.5, duration=16, loops=2, stagger=8, sticky_keys=200) as traffic:
             # 1. monolithic → chunked: gate, analysis, promotion one worker at a time
             reply = api(
@@ -284,7 +285,13 @@ def test_rollouts_promote_abort_on_regression_and_abort_by_hand_with_no_failed_r
                 what="the third rollout to pause at 25%",
                 detail=stack.logs,
             )
-            time.sleep(3)  # traffic on the canary
+            paused_at = Rollout.objects.get(pk=third_id).created
+            wait_until(  # the canary serves traffic before the abort takes it away
+                lambda: RequestLog.objects.filter(cohort="canary", created_at__gte=paused_at).count() >= 3,
+                timeout=60,
+                what="requests logged from the canary at 25%",
+                detail=stack.logs,
+            )
             assert api(stack, token, "POST", f"/rollouts/{third_id}/abort/", {"reason": "by hand"}).status_code == 200
             third = wait_until(
                 lambda: finished(stack, token, third_id),
@@ -293,14 +300,26 @@ def test_rollouts_promote_abort_on_regression_and_abort_by_hand_with_no_failed_r
                 detail=stack.logs,
             )
             assert third["phase"] == "aborted" and "by hand" in third["abort_reason"], describe(third)
-            time.sleep(2)
+            served = traffic.num_requests
+            wait_until(  # traffic goes on after the abort, and counts below
+                lambda: traffic.num_requests > served,
+                timeout=60,
+                what="a traffic run to end after the abort",
+                interval=0.5,
+            )
         # every worker is back where it belongs, and no client request failed
         assert not traffic.failures, traffic.failures
         assert traffic.num_requests >= 50, traffic.summaries
         assert sum(s["failed_requests"] for s in traffic.summaries) == 0, [
             (s["failed_requests"], s["failed_by_status"]) for s in traffic.summaries
         ]
-        time.sleep(1)
+        # The gateway writes its log in batches: wait for every request the traffic sent.
+        wait_until(
+            lambda: RequestLog.objects.filter(created_at__gte=traffic_start).count() >= traffic.num_requests,
+            timeout=30,
+            what="the request log to hold every request the traffic sent",
+            detail=stack.logs,
+        )
         logged = RequestLog.objects.filter(created_at__gte=Rollout.objects.order_by("created").first().created)
         bad = [(r.status, r.error, r.cohort) for r in logged if is_failed(r.status, r.error) or r.status >= 400]
         assert not bad, bad

@@ -5,10 +5,12 @@ import asyncio
 
 import pytest
 
+from tests.support import wait_until_async
 from workers import engines
 from workers.engines.api import SamplingParams
 from workers.profile import EngineProfile, ProfileError
 from workers.server.host import (
+    DRAINING,
     READY,
     ApplyError,
     EngineHost,
@@ -36,10 +38,13 @@ def make_host(tiny_model):
     return make
 
 
-async def drain_stream(engine, request_id, max_tokens=40):
+async def drain_stream(engine, request_id, max_tokens=40, streaming=None):
+    """Every token of one request; ``streaming`` (an asyncio.Event) is set at its first."""
     tokens = []
     async for out in engine.generate("word " * 20, SamplingParams(max_tokens=max_tokens, ignore_eos=True), request_id):
         tokens += out.outputs[0].token_ids
+        if streaming is not None:
+            streaming.set()
     return tokens
 
 
@@ -67,8 +72,9 @@ def test_a_scheduler_knob_change_applies_between_steps_without_refusing_anyone(m
         host = make_host()
         await host.start()
         ticket = host.admit(["a"])
-        running = asyncio.ensure_future(drain_stream(ticket.engine, "a", 200))
-        await asyncio.sleep(0.05)
+        streaming = asyncio.Event()
+        running = asyncio.ensure_future(drain_stream(ticket.engine, "a", 200, streaming))
+        await asyncio.wait_for(streaming.wait(), 30)  # the change lands mid-request
         engine = host.engine
         await host.apply(
             RunningProfile(EngineProfile(**{**BASE.to_dict(), "long_prefill_token_threshold": 16}), 5, "cap", 2)
@@ -89,18 +95,20 @@ def test_a_layout_change_drains_in_flight_requests_then_rebuilds(make_host):
         ticket = host.admit(["a"])
         engine = ticket.engine
 
+        streaming = asyncio.Event()
+
         async def serve():
             try:
-                return await drain_stream(engine, "a", 120)
+                return await drain_stream(engine, "a", 120, streaming)
             finally:
                 ticket.release()
 
         running = asyncio.ensure_future(serve())
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(streaming.wait(), 30)  # in flight when the change comes
         apply = asyncio.ensure_future(
             host.apply(RunningProfile(EngineProfile(**{**BASE.to_dict(), "block_size": 64}), 6, "big", 3))
         )
-        await asyncio.sleep(0.02)
+        await wait_until_async(lambda: host.state == DRAINING, 10, "the host to drain for the layout change")
         with pytest.raises(Unavailable):
             host.admit(["b"])  # draining: refused before any byte
         await apply
@@ -119,20 +127,21 @@ def test_the_drain_deadline_aborts_stragglers(make_host):
         ticket = host.admit(["slow"])
         engine = ticket.engine
 
+        streaming = asyncio.Event()
+
         async def serve():
             try:
-                outs = [
-                    out
-                    async for out in engine.generate(
-                        "x " * 10, SamplingParams(max_tokens=5000, ignore_eos=True), "slow"
-                    )
-                ]
-                return outs[-1].outputs[0].finish_reason
+                finish_reason = None
+                params = SamplingParams(max_tokens=5000, ignore_eos=True)
+                async for out in engine.generate("x " * 10, params, "slow"):
+                    streaming.set()
+                    finish_reason = out.outputs[0].finish_reason
+                return finish_reason
             finally:
                 ticket.release()
 
         running = asyncio.ensure_future(serve())
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(streaming.wait(), 30)  # a straggler in flight when the drain starts
         await host.apply(RunningProfile(EngineProfile(**{**BASE.to_dict(), "block_size": 64}), 7, "big", 4))
         assert await running == "abort"
 
