@@ -63,15 +63,7 @@ BUTTONS: dict[str, Button] = {
 
 
 def base_queryset() -> QuerySet[Rollout]:
-    return Rollout.objects.select_related(
-        "routing_table",
-        "stable_pool",
-        "canary_pool",
-        "baseline_pool",
-        "stable_revision__profile",
-        "target_revision__profile",
-        "created_by",
-    )
+    return Rollout.objects.with_related()
 
 
 def list_context() -> dict[str, Any]:
