@@ -37,6 +37,9 @@ COMMANDS: dict[str, Command] = {
     "gpu-check": Command(
         "workers.bench.gpu_check", "check the reference engine on a GPU: parity, memory, stalls, roofline, overhead"
     ),
+    "bench-sim": Command(
+        "workers.bench.sim", "validate the simulated engine against AIConfigurator's estimates and the reference engine"
+    ),
     "bench-serve": Command(
         "workers.bench.serve", "benchmark HTTP against in-process streaming, and vLLM against reference"
     ),

@@ -67,7 +67,7 @@ from workers.engines.reference.model import LlamaForCausalLM
 from workers.engines.reference.sequence import OutputKind
 from workers.engines.reference.tiny import ensure_tiny_model
 
-SECTIONS = ("parity", "memory", "stalls", "roofline", "overhead")
+SECTIONS = ("parity", "memory", "stalls", "roofline", "overhead", "sim")
 PARITY_CAPS = (64, 512, 2048)
 STALL_BUDGETS = (512, 1024, 2048)
 OVERHEAD_BUDGET = 512
@@ -115,6 +115,14 @@ class Plan:
     overhead_steps: int
     # Seconds each section may start new work in; the whole run's lease is their sum plus set-up.
     section_seconds: dict[str, float] = field(default_factory=dict)
+    # sim: (prefill tokens, decodes, their KV length) of the steps timed against the simulated engine
+    sim_shapes: tuple[tuple[int, int, int], ...] = (
+        (0, 1, 512),
+        (0, 64, 2048),
+        (512, 32, 2048),
+        (2048, 32, 2048),
+        (8192, 0, 0),
+    )
 
 
 LLAMA_1B = {
@@ -165,7 +173,15 @@ FULL = Plan(
     overhead_streams=32,
     overhead_long_prompt=16384,
     overhead_steps=40,
-    section_seconds={"setup": 60, "parity": 130, "memory": 50, "stalls": 130, "roofline": 40, "overhead": 40},
+    section_seconds={
+        "setup": 60,
+        "parity": 120,
+        "memory": 50,
+        "stalls": 120,
+        "roofline": 40,
+        "overhead": 40,
+        "sim": 30,
+    },
 )
 
 QUICK = Plan(
@@ -202,7 +218,16 @@ QUICK = Plan(
     overhead_streams=4,
     overhead_long_prompt=2048,
     overhead_steps=8,
-    section_seconds={"setup": 120, "parity": 120, "memory": 60, "stalls": 60, "roofline": 30, "overhead": 30},
+    section_seconds={
+        "setup": 120,
+        "parity": 120,
+        "memory": 60,
+        "stalls": 60,
+        "roofline": 30,
+        "overhead": 30,
+        "sim": 30,
+    },
+    sim_shapes=((0, 1, 64), (0, 8, 256), (128, 4, 256), (512, 0, 0)),
 )
 
 
@@ -749,6 +774,90 @@ def check_overhead(engines: Engines, plan: Plan, clock: Clock, dtype: str) -> di
     return out
 
 
+def sim_system_for(device: torch.device) -> tuple[str, bool]:
+    """The database's system for this GPU (``NVIDIA H200`` → ``h200_sxm``), and
+    whether it is this machine's; off a GPU (``--quick``), the H200's, so the
+    code runs, with ratios that mean nothing."""
+    from workers.engines.sim.steptime import supported_databases  # the kernel database: only this section
+
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device).lower().replace("nvidia", "").strip()
+        head = name.split()[0] if name else ""
+        for system in sorted(supported_databases()):
+            if system.split("_")[0] == head:
+                return system, True
+    return "h200_sxm", False
+
+
+def check_sim(engines: Engines, plan: Plan, clock: Clock, dtype: str) -> dict[str, Any]:
+    """The reference engine's step on this GPU beside the simulated engine's
+    estimate (AIConfigurator's database for this GPU, the same model config)
+    for the same batch: a ratio per shape, measured / simulated."""
+    from workers.engines.sim.steptime import AicDevice, StepBatch  # the kernel database: only this section
+
+    device = engines.device
+    system, on_it = sim_system_for(device)
+    model_dir = engines.models["big"]
+    if not on_it:  # --quick's toy shapes are not in any database: price the 1B shape the GPU run uses
+        model_dir = engines.models["big"].parent / "llama-1b-config"
+        model_dir.mkdir(parents=True, exist_ok=True)
+        (model_dir / "config.json").write_text(json.dumps(LLAMA_1B))
+    sim = AicDevice(system, "vllm", str(model_dir))
+    engine = engines.get("big", dtype)
+    vocab = engine.config.vocab_size
+    rng = random.Random(SEED + 4)
+    captured: list[StepBatch] = []
+    execute = engine._execute
+
+    def capturing(chunks: Any) -> Any:
+        captured.append(StepBatch.of(chunks))
+        return execute(chunks)
+
+    rows = []
+    engine._execute = capturing  # type: ignore[method-assign]
+    try:
+        for prefill, decodes, kv in plan.sim_shapes:
+            if not clock.allows(f"shape {prefill}+{decodes}x{kv}"):
+                break
+            set_mode(engine, max(prefill, 1) + decodes if prefill else None, max_num_seqs=max(decodes + 1, 2))
+            params = SamplingParams(temperature=0, max_tokens=10_000, ignore_eos=True)
+            for i in range(decodes):
+                engine.add_request(f"d{i}", random_prompt(rng, kv, vocab), params, output_kind=OutputKind.DELTA)
+            while any(not s.is_decoding for s in engine.scheduler.running) or engine.scheduler.waiting:
+                engine.step()  # the streams' prefills: not timed
+            if prefill:
+                one = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+                engine.add_request("p", random_prompt(rng, prefill, vocab), one)
+            times = []
+            for _ in range(3):
+                captured.clear()
+                sync(device)
+                t0 = time.perf_counter()
+                engine.step()
+                sync(device)
+                times.append(time.perf_counter() - t0)
+                if prefill:
+                    break  # the prompt is done after one step
+            batch = captured[-1]
+            measured = statistics.median(times)
+            estimate = sim.step_seconds(batch)
+            rows.append(
+                {
+                    "prefill_tokens": batch.prefill_tokens,
+                    "decodes": batch.num_decodes,
+                    "decode_kv_mean": sum(batch.decode_kv_lens) / batch.num_decodes if batch.num_decodes else 0,
+                    "measured_seconds": measured,
+                    "sim_seconds": estimate,
+                    "ratio": _ratio(measured, estimate),
+                }
+            )
+            for request_id in list(engine.requests):
+                engine.abort_request(request_id)
+    finally:
+        engine._execute = execute  # type: ignore[method-assign]
+    return {"system": system, "on_that_gpu": on_it, "database_version": sim.version, "shapes": rows}
+
+
 def cuda_savings(engine: LLMEngine, plan: Plan, model_seconds: float) -> dict[str, Any]:
     """The model's kernel time per step (profiler), so the forward's host-side
     gaps (what CUDA graphs remove), and the step's host-to-device copies
@@ -832,6 +941,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "stalls": lambda clock: check_stalls(engines, plan, clock, dtype),
         "roofline": lambda clock: check_roofline(engines, plan, clock, dtype),
         "overhead": lambda clock: check_overhead(engines, plan, clock, dtype),
+        "sim": lambda clock: check_sim(engines, plan, clock, dtype),
     }
     for name in SECTIONS:
         if name not in wanted:
@@ -942,6 +1052,17 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
                 f"  kernels {_ms(o['kernel_seconds_per_step'])}; CUDA graphs would save "
                 f"~{_ms(o['cuda_graph_saving_seconds_per_step'])}, "
                 f"pinned buffers ~{_ms(o['pinned_saving_seconds_per_step'])} ({o['h2d_copies_per_step']:.0f} copies)"
+            )
+    if "sim" in s and s["sim"]["shapes"]:
+        sim = s["sim"]
+        where = (
+            "this GPU" if sim["on_that_gpu"] else f"{sim['system']} (not this device: the ratios check only the code)"
+        )
+        lines.append(f"step time, measured / simulated ({where}, database {sim['database_version']})")
+        for r in sim["shapes"]:
+            lines.append(
+                f"  {r['prefill_tokens']:>5} prefill + {r['decodes']:>3} decodes @ {r['decode_kv_mean']:.0f}: "
+                f"{_ms(r['measured_seconds'])} / {_ms(r['sim_seconds'])} = {_x(r['ratio'])}"
             )
     for name, r in report["sections"].items():
         if "error" in r:

@@ -77,6 +77,10 @@ def test_quick_cpu_run_writes_every_section_and_chunked_greedy_matches_monolithi
     assert overhead["steps"] == QUICK.overhead_steps
     assert 0 <= overhead["outside_model_share"] <= 1
     assert overhead["schedule_seconds"] > 0 and overhead["pack_seconds"] >= 0
+    sim = sections["sim"]
+    assert (sim["system"], sim["on_that_gpu"]) == ("h200_sxm", False)  # off a GPU: said so beside its ratios
+    assert [(r["prefill_tokens"], r["decodes"]) for r in sim["shapes"]] == [(p, d) for p, d, _ in QUICK.sim_shapes]
+    assert all(r["measured_seconds"] > 0 and r["sim_seconds"] > 0 for r in sim["shapes"])
 
     text = (out / "gpu_check.txt").read_text()
     assert "float32 token-identical: True" in text

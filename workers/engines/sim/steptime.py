@@ -221,6 +221,13 @@ class AicDevice:
         self.kv_bytes_per_token = int(memory["kv_size_per_token_bytes"])
         self.name = f"{pretty_system(system)} (simulated)"
         self._cached = functools.lru_cache(maxsize=65536)(self._parts)
+        try:  # the database may lack a kernel this model needs (a head size, a quantisation): say so now
+            self.step_seconds(StepBatch(prefills=((0, 64),), decode_kv_lens=(64,)))
+            self.step_seconds(StepBatch(decode_kv_lens=(64,)))
+        except Exception as exc:  # noqa: BLE001 - the package's error types vary; any failure here is this one
+            raise SimSetupError(
+                "sim_model", f"the {system}/{backend} {version} database cannot price {model!r}: {exc}"
+            ) from exc
 
     # one mixed step = shared (tokens, decodes) + context attention + decode attention
     def _parts(self, kind: str, a: int, b: int, c: int) -> float:
