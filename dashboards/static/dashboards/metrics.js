@@ -30,8 +30,10 @@
 
   function xRange(holder) {
     return function (u, min, max) {
-      var r = holder.p.x_range;
-      return min === max && r ? [r[0], r[1]] : [min, max];
+      // uPlot has already widened a lone point's instant to a day (in the
+      // wrong unit: 1000 days) by the time it asks, so ask the data instead.
+      var r = holder.p.x_range, t = holder.p.times;
+      return r && t.length && t[0] === t[t.length - 1] ? [r[0], r[1]] : [min, max];
     };
   }
 
