@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import random
 import time
+import zlib
+from array import array
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -145,6 +147,17 @@ class SimLLMEngine(LLMEngine):
         self.observers = []
         self.num_steps = 0
 
+    def _next_token(self, seq: Sequence) -> int:
+        """Greedy (temperature 0): a function of the sequence so far, as a real
+        model's argmax is, so one prompt gives one output however it was
+        prefilled (the rollout's consistency gate compares them). Sampled: the
+        engine's seeded generator."""
+        if seq.params.temperature > 0:
+            return self._rng.choice(self._vocab)
+        tail = seq.token_ids[-8:]
+        key = zlib.crc32(array("q", [len(seq.token_ids), *tail]).tobytes())
+        return self._vocab[key % len(self._vocab)]
+
     def memory_facts(self) -> MemoryFacts:
         return MemoryFacts(self.sim_device.weight_bytes, self.block_bytes // self.profile.block_size)
 
@@ -162,7 +175,7 @@ class SimLLMEngine(LLMEngine):
                 self._sleep(wait)
         sampling = [c for c in chunks if c.samples]
         seqs = [c.seq for c in sampling]
-        tokens = [self._rng.choice(self._vocab) for _ in seqs]
+        tokens = [self._next_token(seq) for seq in seqs]
         logprobs = [0.0] * len(seqs) if any(s.logprobs is not None for s in seqs) else None
         prefill = sum(c.num_tokens for c in chunks if not c.is_decode)
         shape = StepShape(

@@ -224,7 +224,7 @@ class AicDevice:
         try:  # the database may lack a kernel this model needs (a head size, a quantisation): say so now
             self.step_seconds(StepBatch(prefills=((0, 64),), decode_kv_lens=(64,)))
             self.step_seconds(StepBatch(decode_kv_lens=(64,)))
-        except Exception as exc:  # noqa: BLE001 - the package's error types vary; any failure here is this one
+        except Exception as exc:  # the package's error types vary; any failure here is this one
             raise SimSetupError(
                 "sim_model", f"the {system}/{backend} {version} database cannot price {model!r}: {exc}"
             ) from exc

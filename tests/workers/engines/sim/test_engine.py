@@ -110,3 +110,20 @@ def test_closed_loop_tpot_is_the_decode_steps_of_its_batch(h200: AicDevice) -> N
     mixed = h200.step_seconds(StepBatch(prefills=((0, 1024),), decode_kv_lens=(1088,) * 15))
     assert all(decode_only * 0.9 < t < mixed for t in tpots if t is not None)
     assert all(ttft_seconds(m) is not None for m in steady)
+
+
+def test_a_greedy_output_depends_on_the_prompt_not_on_how_it_was_prefilled(h200: AicDevice) -> None:
+    prompt = [100 + (i * 7) % 1900 for i in range(1500)]
+    outputs = []
+    for mode, budget in (("monolithic", MAX_LEN), ("chunked", 256), ("chunked", 1024)):
+        e, _ = engine(h200, prefill_mode=mode, max_num_batched_tokens=budget)
+        e.add_request("a", prompt, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
+        while e.has_unfinished_requests():
+            done = [o for o in e.step() if o.finished]
+        outputs.append(done[0].outputs[0].token_ids)
+    assert outputs[0] == outputs[1] == outputs[2]
+    other, _ = engine(h200)
+    other.add_request("b", prompt[:-1] + [5], SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
+    while other.has_unfinished_requests():
+        done = [o for o in other.step() if o.finished]
+    assert done[0].outputs[0].token_ids != outputs[0]
