@@ -309,6 +309,7 @@ def _request_log(now: datetime, window: float, pool: Pool | None) -> _Log:
                 "max_gap_seconds",
                 "status",
                 "error",
+                "output_tokens",
             )[: MAX_REQUEST_ROWS // LOG_SLICES]
         )
         part.reverse()
@@ -323,6 +324,7 @@ def _request_log(now: datetime, window: float, pool: Pool | None) -> _Log:
         created=[r[0] for r in rows],
         ttft_seconds=[r[3] for r in rows],
         ok=[query.is_ok(r[6], r[7]) for r in rows],
+        output_tokens=[r[8] for r in rows],
     )
     return _Log(requests, floats(4), floats(5), len(rows))
 

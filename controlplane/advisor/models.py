@@ -8,27 +8,40 @@ fleet. A report for another window is computed on demand and not kept.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
 from django.db import models
 from django.utils import timezone
 
-from controlplane.advisor import conf, inputs, verdicts
+from controlplane.advisor import conf, inputs, pd, verdicts
 from controlplane.fleet.models import Pool
 
 FLEET = "fleet"
 
 
 def compute(
-    pool: Pool | None, window_seconds: float, now: datetime, *, tbt_objective_seconds: float | None = None
+    pool: Pool | None,
+    window_seconds: float,
+    now: datetime,
+    *,
+    tbt_objective_seconds: float | None = None,
+    database_estimate: bool = False,
 ) -> dict[str, Any]:
     """The report for ``pool`` (None: the fleet) over the window ending
     ``now``, as JSON; the TBT objective is the operator's TPOT objective
-    unless given."""
+    unless given. The PD database sweep runs only with ``database_estimate``
+    (beat's round: it takes seconds); otherwise the kept report's is reused
+    when its inputs match."""
     thresholds = inputs.thresholds()
     gathered = inputs.gather(pool, window_seconds, now, tbt_objective_seconds=tbt_objective_seconds)
-    report = verdicts.advise(gathered, thresholds)
+    kept = AdvisorReport.objects.filter(scope=pool.name if pool is not None else FLEET).first()
+    kept_estimate = ((kept.body.get("pd_database") or {}).get("chart") or {}).get("estimate") if kept else None
+    estimate = pd.for_pool(
+        pool, gathered.requests, thresholds, tbt_objective_seconds, run=database_estimate, kept=kept_estimate
+    )
+    report = verdicts.advise(replace(gathered, pd_database=estimate), thresholds)
     return {
         "scope": pool.name if pool is not None else FLEET,
         "window_seconds": window_seconds,
@@ -39,7 +52,13 @@ def compute(
 
 def findings_of(body: dict[str, Any]) -> list[str]:
     """The keys of every answer that says yes: what changed between two reports."""
-    answers = [*body.get("questions", []), body.get("head_of_line", {}), *body.get("tuning", []), body.get("pd", {})]
+    answers = [
+        *body.get("questions", []),
+        body.get("head_of_line", {}),
+        *body.get("tuning", []),
+        body.get("pd", {}),
+        body.get("pd_database") or {},
+    ]
     return sorted(a["key"] for a in answers if a and a.get("answer") == verdicts.Answer.YES.value)
 
 
@@ -67,12 +86,18 @@ class AdvisorReport(models.Model):
 
     @classmethod
     def refresh(
-        cls, pool: Pool | None, *, window_seconds: float | None = None, now: datetime | None = None
+        cls,
+        pool: Pool | None,
+        *,
+        window_seconds: float | None = None,
+        now: datetime | None = None,
+        database_estimate: bool = False,
     ) -> AdvisorReport:
-        """Compute and keep the report; safe to run twice (the newer one stays)."""
+        """Compute and keep the report; safe to run twice (the newer one stays).
+        ``database_estimate``: sweep the PD database (seconds; beat's round)."""
         now = now or timezone.now()
         window = window_seconds or conf.ADVISOR_WINDOW_SECONDS.get()
-        body = compute(pool, window, now)
+        body = compute(pool, window, now, database_estimate=database_estimate)
         scope = pool.name if pool is not None else FLEET
         found = findings_of(body)
         kept = cls.objects.filter(scope=scope).first()
@@ -99,12 +124,12 @@ class AdvisorReport(models.Model):
         return kept
 
     @classmethod
-    def refresh_all(cls, now: datetime | None = None) -> int:
+    def refresh_all(cls, now: datetime | None = None, *, database_estimate: bool = False) -> int:
         """Every pool that has workers, and the fleet; reports of pools gone are dropped."""
         now = now or timezone.now()
         pools = list(Pool.objects.filter(workers__isnull=False).distinct().select_related("desired_revision"))
         for pool in pools:
-            cls.refresh(pool, now=now)
-        cls.refresh(None, now=now)
+            cls.refresh(pool, now=now, database_estimate=database_estimate)
+        cls.refresh(None, now=now, database_estimate=database_estimate)
         cls.objects.exclude(scope=FLEET).exclude(pool__in=pools).delete()
         return len(pools) + 1

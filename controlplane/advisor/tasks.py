@@ -18,7 +18,8 @@ log = logging.getLogger(__name__)
 @app.task(name="advisor.refresh")
 def refresh() -> dict[str, Any]:
     try:
-        return {"reports": AdvisorReport.refresh_all()}
+        # The round, not a request, sweeps the PD database: seconds per new set of inputs.
+        return {"reports": AdvisorReport.refresh_all(database_estimate=True)}
     except BackendUnavailable as exc:
         # Prometheus down or slow: the kept reports stay as they are until a round can read it.
         log.warning("advisor round skipped: %s", exc)

@@ -132,6 +132,11 @@ class Thresholds:
     pd_max_transfer_share: float = _row(
         0.5, "share", "PD estimate: pays when the KV transfer is at most this share of the prefill time"
     )
+    pd_min_gain: float = _row(
+        1.1,
+        "times",
+        "PD database estimate: pays when disaggregated tokens/s per GPU beat aggregated by at least this factor",
+    )
 
 
 @dataclass(frozen=True)
@@ -194,6 +199,10 @@ FIGURE_UNITS: dict[str, str] = {
     "kv_bytes_per_token": "B/token",
     "transfer_seconds_per_token": "s/token",
     "transfer_share": "share",
+    "agg_tokens_per_second_per_gpu": "tokens/s",
+    "disagg_tokens_per_second_per_gpu": "tokens/s",
+    "disagg_over_agg": "times",
+    "sweep_seconds": "s",
     "device_memory_bytes": "bytes",
     "weight_bytes": "bytes",
     "activation_bytes_per_token": "B/token",
@@ -284,6 +293,7 @@ class Requests:
     created: Sequence[float]  # epoch seconds
     ttft_seconds: Sequence[float | None]
     ok: Sequence[bool]
+    output_tokens: Sequence[int | None] = ()  # None: the gateway did not learn it
 
 
 @dataclass(frozen=True)
@@ -365,6 +375,26 @@ class Throughput:
 
 
 @dataclass(frozen=True)
+class PdDatabase:
+    """AIConfigurator's estimate for a pool (``pd.py`` sweeps the database):
+    its inputs (system, backend, database version, model, prompt and output
+    lengths, objectives) and each side's best configuration under the
+    objectives, or why there is none."""
+
+    inputs: dict[str, Any]
+    agg_tokens_per_second_per_gpu: float | None = None
+    disagg_tokens_per_second_per_gpu: float | None = None
+    agg_best: dict[str, Any] = field(default_factory=dict)
+    disagg_best: dict[str, Any] = field(default_factory=dict)
+    unavailable: str = ""  # why there is no estimate
+    sweep_seconds: float | None = None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PdDatabase:
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+
+
+@dataclass(frozen=True)
 class Inputs:
     requests: Requests
     samples: Samples
@@ -377,6 +407,7 @@ class Inputs:
     pool: Throughput | None = None
     baseline: Throughput | None = None
     decode: Decode = Decode()
+    pd_database: PdDatabase | None = None  # pd.py's estimate; None: not asked for
 
 
 # ---- what is long, here ------------------------------------------------------------
@@ -1334,6 +1365,64 @@ def pd_estimate(
     )
 
 
+PD_DATABASE_METHOD = (
+    "AIConfigurator's database (aiconfigurator-core): aggregated chunked serving from its own sweep; "
+    "disaggregated from its prefill and decode worker models, rate-matched per GPU, the prefill's TTFT "
+    "plus the prompt's KV over the link"
+)
+
+
+def pd_database(est: PdDatabase | None, formula: Finding, t: Thresholds) -> Finding:
+    """Disaggregated against aggregated chunked serving, tokens/s per GPU under
+    the objectives, from the database; the formula (``pd_estimate``) beside it."""
+    ask = Question(
+        "pd_database",
+        "Would prefill-decode disaggregation pay on this GPU and model? (an estimate from the database)",
+        t,
+        ("pd_min_gain", "link_bandwidth_gbps"),
+    )
+    cross_check = f"The formula's cross-check above says {formula.answer.value.replace('_', ' ')}."
+    if est is None:
+        return ask.not_enough(0, {}, "Not estimated for this report.", cross_check)
+    agg, disagg = est.agg_tokens_per_second_per_gpu, est.disagg_tokens_per_second_per_gpu
+    gain = disagg / agg if agg and disagg is not None else None
+    figures: dict[str, float | None] = {
+        "agg_tokens_per_second_per_gpu": agg,
+        "disagg_tokens_per_second_per_gpu": disagg,
+        "disagg_over_agg": gain,
+        "sweep_seconds": est.sweep_seconds,
+    }
+    ask = replace(ask, chart={"formula": PD_DATABASE_METHOD, "estimate": asdict(est)})
+    if est.unavailable:
+        return ask.not_enough(0, figures, f"No database estimate: {est.unavailable}", cross_check)
+    where = (
+        f"{est.inputs.get('model')} on {est.inputs.get('system')} ({est.inputs.get('backend')} "
+        f"{est.inputs.get('database_version')}), prompts {est.inputs.get('isl')} and outputs "
+        f"{est.inputs.get('osl')} tokens"
+    )
+    if agg is None and disagg is None:
+        return ask.not_enough(
+            1, figures, f"No configuration meets the TTFT and TPOT objectives for {where}, either way.", cross_check
+        )
+    if agg is None or (gain is not None and gain >= t.pd_min_gain):
+        said = "aggregated cannot meet them" if agg is None else f"{gain:.2f}× aggregated chunked serving"
+        return ask.yes(
+            1,
+            figures,
+            f"Disaggregated serving estimates {disagg:,.0f} tokens/s per GPU under the objectives, {said}, "
+            f"for {where} (estimate from the database).",
+            cross_check,
+        )
+    said = "cannot meet the objectives" if disagg is None else f"gives {gain:.2f}× (threshold {t.pd_min_gain:g}×)"
+    return ask.no(
+        1,
+        figures,
+        f"Aggregated chunked serving estimates {agg:,.0f} tokens/s per GPU under the objectives; "
+        f"disaggregated {said}, for {where} (estimate from the database).",
+        cross_check,
+    )
+
+
 # ---- prefix hits per length bucket ----------------------------------------------------------
 
 
@@ -1377,6 +1466,7 @@ class Report:
     tuning: list[Finding]  # empty unless the pool runs chunked
     pd: Finding
     prefix_hits: dict[str, Any]
+    pd_database: Finding | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -1393,6 +1483,7 @@ class Report:
             "knobs": self.knobs.to_json(),
             "tuning": [f.to_json() for f in self.tuning],
             "pd": self.pd.to_json(),
+            "pd_database": self.pd_database.to_json() if self.pd_database else None,
             "prefix_hits": self.prefix_hits,
         }
 
@@ -1421,7 +1512,18 @@ def advise(inputs: Inputs, t: Thresholds) -> Report:
             )
     pd = pd_estimate(inputs.engine.kv_bytes_per_token, inputs.engine.prefill_seconds_per_token, hol, t)
     return Report(
-        verdict, reasons, rule, stall, long, questions, hol, start, tuning, pd, prefix_hits_by_bucket(inputs.requests)
+        verdict,
+        reasons,
+        rule,
+        stall,
+        long,
+        questions,
+        hol,
+        start,
+        tuning,
+        pd,
+        prefix_hits_by_bucket(inputs.requests),
+        pd_database(inputs.pd_database, pd, t),
     )
 
 

@@ -174,6 +174,7 @@ def report_context(pool: Pool | None, window: str | None) -> dict[str, Any]:
         "head_of_line": finding(body["head_of_line"]),
         "tuning": [finding(t) for t in body["tuning"]],
         "pd": finding(body["pd"]),
+        "pd_database": finding(body["pd_database"]) if body.get("pd_database") else None,
         "knobs": body["knobs"],
         "prefix_hits": {**body["prefix_hits"], "bars": bars(body["prefix_hits"])},
         "experiment_url": experiment_link(body, scope),
@@ -206,5 +207,11 @@ def index_context() -> dict[str, Any]:
 
 def _titles(body: Mapping[str, Any]) -> dict[str, str]:
     """Each answer's key to its title, for naming findings without their slugs."""
-    answers = [*body.get("questions", []), body.get("head_of_line", {}), *body.get("tuning", []), body.get("pd", {})]
+    answers = [
+        *body.get("questions", []),
+        body.get("head_of_line", {}),
+        *body.get("tuning", []),
+        body.get("pd", {}),
+        body.get("pd_database") or {},
+    ]
     return {a["key"]: a["title"] for a in answers if a}
