@@ -40,39 +40,50 @@ DEMO_MAX_MODEL_LEN = 4096
 
 # Steady client traffic through the gateway, so the figures have something to
 # show: the load generator's long-tail mix (one prompt in ten of thousands of
-# tokens) at this many requests per second. 0 turns it off.
+# tokens), at these requests per second to the simulated GPU fleet and to the
+# reference workers. 0 turns one off.
 DEMO_TRAFFIC_RATE = float(os.environ.get("CHUNKPILOT_DEMO_RATE", "0.5"))
+DEMO_GPU_TRAFFIC_RATE = float(os.environ.get("CHUNKPILOT_DEMO_GPU_RATE", "4"))
 
-# Four reference workers in three pools (name, pool). The lab pool is in no
-# routing table: experiments run on it (its worker is labelled demo_pool=lab,
-# which "New experiment" picks by default).
-DEMO_WORKERS = [("ref-1", "stable"), ("ref-2", "stable"), ("ref-3", "canary"), ("lab-1", "lab")]
+# The simulated GPU fleet: H200s serving a Llama-3.1-8B-shaped model, step
+# times from NVIDIA AIConfigurator's measured kernel database (the sim engine;
+# no real inference: every page marks these workers "simulated").
+SIM_MODEL = "llama-3.1-8b-sim"
+SIM_OPTIONS = ("--sim-system", "h200_sxm", "--sim-backend", "vllm", "--sim-model", "meta-llama/Meta-Llama-3.1-8B")
+SIM_MAX_MODEL_LEN = 16384
+# (process name, pool, how many workers the process hosts): one process per
+# pool, ``serve --count``; a count above 1 names its workers NAME-0, NAME-1, …
+DEMO_SIM_WORKERS = [("gpu", "stable", 3), ("gpu-canary", "canary", 1), ("gpu-lab", "lab", 1)]
+# Reference workers, doing real inference on the tiny model: a pool serving
+# it and a lab worker of their own (name, pool). The lab pools are in no
+# routing table: experiments run on them; the simulated lab worker is
+# labelled demo_pool=lab, which "New experiment" picks by default.
+DEMO_WORKERS = [("ref-1", "tiny"), ("ref-2", "tiny"), ("ref-lab", "tiny-lab")]
 
-# Profiles as (name, engine kind, [(fields, comment), ...]): the chunked one
-# has two revisions so its page has a diff to show.
+GPU_CHUNKED = {"prefill_mode": "chunked", "max_num_seqs": 128}
+TINY_CHUNKED = {"prefill_mode": "chunked", "max_num_seqs": 32}
+# Profiles as (name, engine kind, [(fields, comment), ...]): the chunked ones
+# have two revisions so their pages have a diff to show.
 DEMO_PROFILES: list[tuple[str, str, list[tuple[dict[str, Any], str]]]] = [
+    (
+        "gpu-chunked",
+        "sim",
+        [
+            ({**GPU_CHUNKED, "max_num_batched_tokens": 2048, "long_prefill_token_threshold": 512}, "Sarathi-style"),
+            ({**GPU_CHUNKED, "max_num_batched_tokens": 8192, "long_prefill_token_threshold": 2048}, "bigger chunks"),
+        ],
+    ),
+    (
+        "gpu-monolithic",
+        "sim",
+        [({"prefill_mode": "monolithic", "max_num_batched_tokens": SIM_MAX_MODEL_LEN, "max_num_seqs": 128}, "classic")],
+    ),
     (
         "chunked",
         "reference",
         [
-            (
-                {
-                    "prefill_mode": "chunked",
-                    "max_num_batched_tokens": 512,
-                    "long_prefill_token_threshold": 256,
-                    "max_num_seqs": 32,
-                },
-                "Sarathi-style baseline",
-            ),
-            (
-                {
-                    "prefill_mode": "chunked",
-                    "max_num_batched_tokens": 1024,
-                    "long_prefill_token_threshold": 512,
-                    "max_num_seqs": 32,
-                },
-                "bigger budget and chunks",
-            ),
+            ({**TINY_CHUNKED, "max_num_batched_tokens": 512, "long_prefill_token_threshold": 256}, "Sarathi-style"),
+            ({**TINY_CHUNKED, "max_num_batched_tokens": 1024, "long_prefill_token_threshold": 512}, "bigger chunks"),
         ],
     ),
     (
@@ -87,7 +98,13 @@ DEMO_PROFILES: list[tuple[str, str, list[tuple[dict[str, Any], str]]]] = [
     ),
 ]
 # Pool → (profile, revision) it should run.
-DEMO_POOLS = {"stable": ("chunked", 1), "canary": ("chunked", 2), "lab": ("chunked", 1)}
+DEMO_POOLS = {
+    "stable": ("gpu-chunked", 1),
+    "canary": ("gpu-chunked", 2),
+    "lab": ("gpu-chunked", 1),
+    "tiny": ("chunked", 1),
+    "tiny-lab": ("chunked", 1),
+}
 
 
 @dataclass
@@ -179,7 +196,7 @@ def seed(ctx: DemoContext) -> None:
     for pool in Pool.objects.filter(name__in=DEMO_POOLS):
         _, plaintext = EnrollmentToken.issue(f"demo: {pool.name}", actor=actor, pool=pool)
         ctx.enroll_tokens[pool.name] = plaintext
-    ctx.client_key = gateway_demo.seed(ctx.model_name)
+    ctx.client_key = gateway_demo.seed({SIM_MODEL: ("stable", "canary"), ctx.model_name: ("tiny", None)})
 
 
 def worker_server_available() -> bool:
@@ -206,6 +223,32 @@ def processes(ctx: DemoContext) -> list[ProcessSpec]:
         gateway_demo.process_spec(ctx, port=ctx.gateway_port),
     ]
     if ctx.model_dir is not None:
+        for name, pool, count in DEMO_SIM_WORKERS:
+            port = free_port(count)
+            enrollment = Enrollment(
+                ctx.url,
+                ctx.enroll_tokens[pool],
+                name,
+                ctx.data_dir / "demo" / f"{name}.json",
+                labels={"demo_pool": pool},
+            )
+            specs.append(
+                ProcessSpec(
+                    name,
+                    worker_argv(
+                        ctx.model_dir,
+                        port,
+                        engine="sim",
+                        max_model_len=SIM_MAX_MODEL_LEN,
+                        host="127.0.0.1",
+                        enrollment=enrollment,
+                        extra=(*SIM_OPTIONS, "--served-model-name", SIM_MODEL, "--count", str(count)),
+                    ),
+                    env=env,
+                    ready_url=f"http://127.0.0.1:{port}/health",
+                    ready_on_any_status=True,
+                )
+            )
         for name, pool in DEMO_WORKERS:
             port = free_port()
             enrollment = Enrollment(
@@ -233,37 +276,24 @@ def processes(ctx: DemoContext) -> list[ProcessSpec]:
                     ready_on_any_status=True,
                 )
             )
-        if DEMO_TRAFFIC_RATE > 0:
-            specs.append(
-                ProcessSpec(
-                    "traffic",
-                    [
-                        PYTHON,
-                        "-m",
-                        "workers",
-                        "loadgen",
-                        "--url",
-                        f"http://{ctx.host}:{ctx.gateway_port}",
-                        "--api-key",
-                        ctx.client_key,
-                        "--scenario",
-                        "long-tail",
-                        "--rate",
-                        str(DEMO_TRAFFIC_RATE),
-                        "--duration",
-                        "300",
-                        "--rounds",
-                        "0",
-                        "--wait",
-                        "600",
-                        # many conversations, so a canary at 10% gets its share
-                        "--sticky-keys",
-                        "200",
-                    ],
-                    env=env,
-                )
-            )
+        for name, model, rate in (
+            ("traffic-gpu", SIM_MODEL, DEMO_GPU_TRAFFIC_RATE),
+            ("traffic", ctx.model_name, DEMO_TRAFFIC_RATE),
+        ):
+            if rate > 0:
+                specs.append(ProcessSpec(name, traffic_argv(ctx, model, rate), env=env))
     return specs
+
+
+def traffic_argv(ctx: DemoContext, model: str, rate: float) -> list[str]:
+    """The load generator: the long-tail mix to ``model`` through the gateway, for ever."""
+    return [
+        *(PYTHON, "-m", "workers", "loadgen", "--url", f"http://{ctx.host}:{ctx.gateway_port}"),
+        *("--api-key", ctx.client_key, "--model", model, "--scenario", "long-tail", "--rate", str(rate)),
+        *("--duration", "300", "--rounds", "0", "--wait", "600"),
+        # many conversations, so a canary at 10% gets its share
+        *("--sticky-keys", "200"),
+    ]
 
 
 __all__ = ["DemoContext", "ensure_admin", "seed", "processes", "tiny_model_ready", "worker_server_available"]

@@ -63,11 +63,26 @@ class NotReached(LaunchError, TimeoutError):
     to tests, a one-line error to management commands)."""
 
 
-def free_port() -> int:
-    """A port free on 127.0.0.1 now (the benchmarks', the demo's and the tests' one copy)."""
+def free_port(count: int = 1) -> int:
+    """A port free on 127.0.0.1 now (the benchmarks', the demo's and the tests'
+    one copy); with ``count``, the first of that many free ports in a row
+    (``workers serve --count N`` listens on PORT..PORT+N-1)."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if all(_bindable(port + i) for i in range(1, count)):
+            return port
+    raise OSError(f"no {count} free ports in a row on 127.0.0.1")
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 def wait_until(
@@ -360,7 +375,7 @@ class Enrollment:
 
 
 def worker_argv(
-    model: Path | str,
+    model: Path | str | None,
     port: int,
     *,
     max_model_len: int | None = None,
@@ -370,6 +385,10 @@ def worker_argv(
     log_level: str | None = None,
     profile: Mapping[str, Any] | None = None,
     enrollment: Enrollment | None = None,
+    served_model_name: str | None = None,
+    sim_system: str | None = None,
+    sim_model: str | None = None,
+    count: int | None = None,
     extra: Sequence[str] = (),
 ) -> list[str]:
     """An inference worker, ``python -m workers serve``, on the checkpoint
@@ -377,10 +396,17 @@ def worker_argv(
     127.0.0.1 and ``device`` auto (a GPU when there is one; the benchmarks and
     tests say cpu, so a run does not change with the machine it lands on).
     ``profile`` is the engine profile it starts with; without ``enrollment``
-    it serves alone, with no agent."""
-    argv = [PYTHON, "-m", "workers", "serve", *_given("--engine", engine), "--model", str(model)]
+    it serves alone, with no agent.
+
+    Simulated workers (``engine="sim"``): ``model`` may be None (the shipped
+    tokenizer), ``sim_system`` and ``sim_model`` name the GPU and the model
+    whose measured step times it sleeps, and ``count`` serves that many from
+    one process on ``port``.. and named ``<enrollment name>-0``.."""
+    argv = [PYTHON, "-m", "workers", "serve", *_given("--engine", engine), *_given("--model", model)]
     argv += [*_given("--host", host), "--port", str(port), *_given("--max-model-len", max_model_len)]
     argv += [*_given("--device", device), *_given("--log-level", log_level)]
+    argv += [*_given("--served-model-name", served_model_name), *_given("--sim-system", sim_system)]
+    argv += [*_given("--sim-model", sim_model), *_given("--count", count)]
     if profile is not None:
         argv += ["--profile", json.dumps(profile)]
     if enrollment is not None:

@@ -1,9 +1,9 @@
-"""The gateway's part of ``manage.py demo``: a routing table for the demo
-model, a client key for the load generator, and the gateway process.
+"""The gateway's part of ``manage.py demo``: a routing table for each demo
+model, a client key for the load generators, and the gateway process.
 
     from controlplane.gateway import demo as gateway_demo
 
-    key = gateway_demo.seed(model_name)              # in seed(), once the pools exist
+    key = gateway_demo.seed({model: ("stable", "canary")})  # in seed(), once the pools exist
     specs.append(gateway_demo.process_spec(ctx))     # in processes(), after the web server
 """
 
@@ -23,19 +23,21 @@ GATEWAY_PORT = 8080
 
 
 @transaction.atomic
-def seed(model: str, *, stable_pool: str = "stable", canary_pool: str = "canary") -> str:
-    """The routing table for ``model`` (everything on the stable pool, the
-    canary pool at 0 until a rollout moves it), and a fresh admin client key
-    (the load generator's; keys of earlier runs are revoked). Returns the
-    key. Safe on every start: an existing table keeps its weights and salt."""
-    table = RoutingTable.objects.filter(model=model).first()
-    if table is None:
+def seed(tables: dict[str, tuple[str, str | None]]) -> str:
+    """A routing table per model, ``{model: (stable pool, canary pool or
+    None)}`` (everything on the stable pool, the canary at 0 until a rollout
+    moves it), and a fresh admin client key for the load generators (keys of
+    earlier runs are revoked). Returns the key. Safe on every start: an
+    existing table keeps its weights and salt."""
+    for model, (stable_pool, canary_pool) in tables.items():
+        if RoutingTable.objects.filter(model=model).exists():
+            continue
         table = RoutingTable.create_audited(model, actor=ACTOR)
+        specs = [PoolSpec(Pool.objects.get(name=stable_pool), "stable", 10000)]
+        if canary_pool is not None:
+            specs.append(PoolSpec(Pool.objects.get(name=canary_pool), "canary", 0))
         table.configure(
-            [
-                PoolSpec(Pool.objects.get(name=stable_pool), "stable", 10000),
-                PoolSpec(Pool.objects.get(name=canary_pool), "canary", 0),
-            ],
+            specs,
             actor=ACTOR,
             reason="demo seed",
             require_ready=False,  # the workers start after the seed

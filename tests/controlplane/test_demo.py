@@ -79,15 +79,17 @@ def test_demo_runs_everything_and_ctrl_c_stops_it_cleanly(tmp_path: Path, tiny_m
             assert "Fleet" in browser.get("/").text
             seen: list[str] = []
 
-            def four_ready() -> str | None:
+            def all_ready() -> str | None:
                 seen[:] = [browser.get("/", headers={"HX-Request": "true"}).text]
-                return seen[0] if seen[0].count('data-state="ready"') == 4 else None
+                return seen[0] if seen[0].count('data-state="ready"') == 8 else None
 
-            # Four: with the lab worker experiments run on.
+            # Eight: five simulated H200s (three stable, a canary, a lab worker)
+            # and three reference workers (two serving the tiny model, a lab worker).
             rows = wait_until(
-                four_ready, 180, "four workers ready on the fleet page", interval=1, detail=lambda: seen[0]
+                all_ready, 240, "eight workers ready on the fleet page", interval=1, detail=lambda: seen[0]
             )
-            assert rows.count(">in step<") == 4, "each worker runs its pool's revision"
+            assert rows.count(">in step<") == 8, "each worker runs its pool's revision"
+            assert rows.count(">simulated<") == 5, "every simulated worker is marked so"
         finally:
             browser.close()
         key = demo.output().split(" key ", 1)[1].split(")", 1)[0]
@@ -99,12 +101,20 @@ def test_demo_runs_everything_and_ctrl_c_stops_it_cleanly(tmp_path: Path, tiny_m
         )
         assert completion.status_code == 200, completion.text
         assert completion.json()["choices"][0]["message"]["content"] is not None
+        simulated = httpx.post(
+            f"http://127.0.0.1:{gateway_port}/v1/completions",
+            json={"model": "llama-3.1-8b-sim", "prompt": "hello", "max_tokens": 4},
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=60,
+        )
+        assert simulated.status_code == 200, simulated.text
+        assert simulated.json()["usage"]["completion_tokens"] == 4
         # The demo's own traffic flows through the gateway too (the figures
         # pages have data): more completed requests than the one sent above.
         wait_until(
             lambda: gateway_requests(gateway_port) >= 3, 120, "the demo's own traffic through the gateway", interval=1
         )
-        assert "long-tail mix at 0.5 req/s" in demo.output()
+        assert "long-tail mix at 4 req/s to llama-3.1-8b-sim and 0.5 req/s to" in demo.output()
         assert embedded.socket_path(tmp_path).exists()
         assert len(processes_using(tmp_path)) >= 8  # demo, web, celery ×2+, beat, 4 workers, traffic, redis
 

@@ -285,11 +285,12 @@ def test_the_openapi_document_has_the_routing_api() -> None:
 def test_the_demo_seed_routes_everything_to_stable_and_issues_one_fresh_key() -> None:
     from controlplane.gateway import demo
 
-    make_pool("stable"), make_pool("canary")  # no workers yet: the demo seeds before they start
-    first = demo.seed("tiny-model")
-    second = demo.seed("tiny-model")
-    table = RoutingTable.objects.get(model="tiny-model")
-    assert table.weights() == {"canary": 0, "stable": 10000}
+    make_pool("stable"), make_pool("canary"), make_pool("tiny")  # no workers yet: the demo seeds before they start
+    tables = {"llama-sim": ("stable", "canary"), "tiny-model": ("tiny", None)}
+    first = demo.seed(tables)
+    second = demo.seed(tables)
+    assert RoutingTable.objects.get(model="llama-sim").weights() == {"canary": 0, "stable": 10000}
+    assert RoutingTable.objects.get(model="tiny-model").weights() == {"stable": 10000}
     assert ClientKey.objects.get().key_hash == hash_secret(second) != hash_secret(first)
     assert ClientKey.objects.get().is_admin
 

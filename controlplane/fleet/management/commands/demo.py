@@ -101,13 +101,21 @@ class Command(BaseCommand):
             "Chunkpilot is running.",
             f"  Web UI:    {ctx.url}/",
             f"  API docs:  {ctx.url}/api/docs/",
-            f"  Gateway:   http://{ctx.host}:{ctx.gateway_port}/v1 (OpenAI API, model {ctx.model_name},"
-            f" key {ctx.client_key})",
+            f"  Gateway:   http://{ctx.host}:{ctx.gateway_port}/v1 (OpenAI API, models {demo.SIM_MODEL} and"
+            f" {ctx.model_name}, key {ctx.client_key})",
+            (
+                f"  Fleet:     {sum(n for _, _, n in demo.DEMO_SIM_WORKERS)} simulated H200 workers"
+                f" ({demo.SIM_MODEL}: step times from NVIDIA AIConfigurator's database, no real inference)"
+                f" and {len(demo.DEMO_WORKERS)} reference workers (real inference on {ctx.model_name})"
+                if ctx.model_dir
+                else "  Fleet:     no workers"
+            ),
             f"  Login:     {demo.ADMIN_USERNAME} / {ctx.admin_password}",
             (
-                f"  Traffic:   long-tail mix at {demo.DEMO_TRAFFIC_RATE:g} req/s through the gateway"
-                " (CHUNKPILOT_DEMO_RATE=0 turns it off)"
-                if demo.DEMO_TRAFFIC_RATE > 0 and ctx.model_dir
+                f"  Traffic:   long-tail mix at {demo.DEMO_GPU_TRAFFIC_RATE:g} req/s to {demo.SIM_MODEL} and"
+                f" {demo.DEMO_TRAFFIC_RATE:g} req/s to {ctx.model_name} through the gateway"
+                " (CHUNKPILOT_DEMO_GPU_RATE / CHUNKPILOT_DEMO_RATE; 0 turns one off)"
+                if ctx.model_dir
                 else "  Traffic:   none"
             ),
             f"  Logs:      {log_dir}",
