@@ -75,20 +75,6 @@ class Stack:
         )
 
 
-def two_ports() -> int:
-    import socket
-
-    for _ in range(50):
-        port = free_port()
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no two free ports in a row")
-
-
 @contextlib.contextmanager
 def stack_up(tmp: Path, pools: dict[str, Pool]) -> Iterator[Stack]:
     s = Stack()
@@ -110,7 +96,7 @@ def stack_up(tmp: Path, pools: dict[str, Pool]) -> Iterator[Stack]:
         )
         for role, count in (("stable", 2), ("canary", 1)):
             _, token = EnrollmentToken.issue(f"sim {role}", pool=pools[role], max_uses=count)
-            port = two_ports()
+            port = free_port(count)
             enrollment = Enrollment(s.web, token, f"sim-{role}", tmp / f"sim-{role}.state")
             argv = worker_argv(
                 SHIPPED_DIR,

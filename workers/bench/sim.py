@@ -149,7 +149,7 @@ def against_reference(args: argparse.Namespace) -> dict[str, Any]:
     else:
         started = time.monotonic()
         print("fitting the step-time table to the reference engine…", file=sys.stderr, flush=True)
-        table = fit.fit_reference(SHIPPED_DIR, FIT_PROFILES, seed=args.seed + 1000)
+        table = fit.fit_reference(SHIPPED_DIR, FIT_PROFILES, seed=args.seed + 1000, max_model_len=MAX_MODEL_LEN)
         table_path = fit.write(table, args.save_table)
         print(
             f"  fitted on {table['steps']} steps in {time.monotonic() - started:.0f}s, R² {table['r2']:.3f}",
@@ -160,8 +160,11 @@ def against_reference(args: argparse.Namespace) -> dict[str, Any]:
     for name, planned in workloads(args).items():
         for label, profile in PROFILES.items():
             print(f"  {name} / {label}: reference engine…", file=sys.stderr, flush=True)
-            real, real_duration = measure(LLMEngine(SHIPPED_DIR, profile=profile, seed=args.seed), planned)
-            sim, sim_duration = predict(device, planned, profile, tokenizer_dir=SHIPPED_DIR, seed=args.seed)
+            engine = LLMEngine(SHIPPED_DIR, profile=profile, seed=args.seed, max_model_len=MAX_MODEL_LEN)
+            real, real_duration = measure(engine, planned)
+            sim, sim_duration = predict(
+                device, planned, profile, tokenizer_dir=SHIPPED_DIR, seed=args.seed, max_model_len=MAX_MODEL_LEN
+            )
             m, p = figures(real, real_duration), figures(sim, sim_duration)
             out["runs"][f"{name}/{label}"] = {k: {"reference": m[k], "sim": p[k]} for k in COMPARED}
     return out

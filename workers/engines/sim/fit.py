@@ -74,14 +74,16 @@ def fitting_workload(seed: int = 0) -> list[PlannedRequest]:
     return planned
 
 
-def fit_reference(model_dir: str | Path, profiles: list[EngineProfile], seed: int = 0) -> dict[str, Any]:
+def fit_reference(
+    model_dir: str | Path, profiles: list[EngineProfile], seed: int = 0, max_model_len: int | None = None
+) -> dict[str, Any]:
     """Run the fitting workload under each profile on the reference engine and fit one table."""
     batches: list[StepBatch] = []
     seconds: list[float] = []
     weight_bytes = 0
     kv_cache_bytes = 0
     for profile in profiles:
-        engine = RecordingEngine(model_dir, profile=profile, seed=seed)
+        engine = RecordingEngine(model_dir, profile=profile, seed=seed, max_model_len=max_model_len)
         recorder, _ = measure(engine, fitting_workload(seed))
         if len(engine.batches) != len(recorder.steps):
             raise RuntimeError("the step records and the batches do not pair up")
@@ -95,6 +97,7 @@ def fit_reference(model_dir: str | Path, profiles: list[EngineProfile], seed: in
         "r2": r2,
         "steps": len(seconds),
         "model_dir": str(Path(model_dir).resolve()),
+        "max_model_len": max_model_len,
         "weight_bytes": weight_bytes,
         "kv_cache_bytes": kv_cache_bytes,
         "hardware": f"{platform.machine()} CPU",

@@ -3,7 +3,6 @@ process, each an OpenAI server labelled simulated; bad options end at once."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 from pathlib import Path
 
@@ -13,25 +12,11 @@ from tests.conftest import PYTHON, ROOT
 from tests.support import child_env, free_port, running, wait_until
 from tests.workers.engines.sim.conftest import MODEL, SYSTEM
 
-
-def two_free_ports() -> int:
-    """A port P with P+1 free too (``--count 2`` listens on both)."""
-    for _ in range(50):
-        port = free_port()
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no two free ports in a row")
-
-
 SIM = ("--engine", "sim", "--sim-system", SYSTEM, "--sim-model", MODEL, "--max-model-len", "16384")
 
 
 def test_count_workers_serve_from_one_process_each_on_its_port_and_labelled_simulated(tmp_path: Path) -> None:
-    port = two_free_ports()
+    port = free_port(2)
     argv = [PYTHON, "-m", "workers", "serve", *SIM, "--served-model-name", "llama-sim", "--port", str(port)]
     with running([*argv, "--count", "2", "--log-level", "warning"], env=child_env(), log_path=tmp_path / "w.log") as p:
         for i in range(2):
