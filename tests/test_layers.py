@@ -69,6 +69,10 @@ SHARED_WORKERS_MODULES = {
     "workers.replay",
     "workers.openai_error",  # the one OpenAI error type: the gateway reads workers' error bodies through it
     "workers.openai_rules",  # the one request validator: a worker called directly refuses what the gateway does
+    # Predict mode's one door to the simulated engine: a facade rather than exceptions for
+    # engines.sim.virtual, steptime and fit, so the experiments app sees four names (which workers
+    # can be simulated, the device, fitting, a prediction) and none of the engine's internals.
+    "workers.predict",
 }
 WORKERS_EXCEPTIONS = {
     (

@@ -11,12 +11,19 @@
                                                 duration_seconds?, warmup_seconds?, repeats? (3), rate_scale?,
                                                 objectives?: {ttft_ms, tpot_ms, stall_ms?},
                                                 capacity_rate_scales?: [rising multiples of the rate],
-                                                capacity_seconds?}
+                                                capacity_seconds?, mode?: measure | predict}
     GET    /api/v1/experiments/<id>/           with its arms, their results, each arm's conditions beside the
                                                workload's (``conditions``) and the recommendation
     POST   /api/v1/experiments/<id>/abort/     {reason?}: the workers are restored first
     POST   /api/v1/experiments/<id>/adopt/     {arm?, profile?}: the arm (default: the recommended one) as a
                                                profile revision, for "New rollout"
+    POST   /api/v1/experiments/<id>/verify/    {repeats?}: a prediction's best arms and baseline measured on its
+                                               lab workers (a new experiment, ``verifies`` the prediction)
+
+Predict mode (``mode: predict``) runs the arms in virtual time on the
+simulated device of the lab worker's own GPU and model; a worker none can
+stand for (a vLLM worker) is a 400 naming ``mode``. A verification's detail
+has ``predicted``: per arm, the prediction's figures beside its own.
 
 Every write is a model method with its audit row. An arm an engine refuses
 is a 400 naming ``arms[i].<field>``; an empty window a 400 with its count.
@@ -37,7 +44,7 @@ from rest_framework.response import Response
 
 from controlplane.accounts.inputs import StrictModelSerializer, StrictSerializer
 from controlplane.audit.api import AuditedMixin
-from controlplane.experiments.models import DEFAULT_OBJECTIVES, Arm, Experiment, Workload
+from controlplane.experiments.models import DEFAULT_OBJECTIVES, Arm, Experiment, Mode, Workload
 from controlplane.experiments.recommend import DEFAULT_REPEATS
 from controlplane.fleet.models import Pool, Worker
 from controlplane.profiles.models import Profile, ProfileRevision
@@ -141,6 +148,9 @@ class ExperimentSerializer(StrictModelSerializer):
             "objectives",
             "capacity_rate_scales",
             "capacity_seconds",
+            "mode",
+            "simulation",
+            "verifies",
             "phase",
             "message",
             "abort_requested",
@@ -156,9 +166,16 @@ class ExperimentSerializer(StrictModelSerializer):
 
 class ExperimentDetailSerializer(ExperimentSerializer):
     arms = ArmSerializer(many=True, read_only=True)
+    verifications = serializers.PrimaryKeyRelatedField(many=True, read_only=True)
+    predicted = serializers.SerializerMethodField(
+        help_text="a verification: per arm, the prediction's figures (predicted) beside the measured ones"
+    )
+
+    def get_predicted(self, experiment: Experiment) -> list[dict[str, Any]] | None:
+        return experiment.predicted_against_measured() if experiment.verifies_id else None
 
     class Meta(ExperimentSerializer.Meta):
-        fields = [*ExperimentSerializer.Meta.fields, "previous", "arms"]
+        fields = [*ExperimentSerializer.Meta.fields, "previous", "arms", "verifications", "predicted"]
         read_only_fields = fields
 
 
@@ -215,6 +232,13 @@ class ExperimentCreateSerializer(StrictSerializer):
     capacity_seconds = serializers.FloatField(
         required=False, default=30.0, max_value=600.0, help_text="replay per ramp point"
     )
+    mode = serializers.ChoiceField(
+        choices=Mode.choices,
+        required=False,
+        default=Mode.MEASURE,
+        help_text="measure: on the lab workers, out of traffic; predict: in virtual time on the simulated device "
+        "of the lab worker's own GPU and model, repeated until the intervals are narrow",
+    )
 
 
 class AbortSerializer(StrictSerializer):
@@ -229,6 +253,10 @@ class AdoptSerializer(StrictSerializer):
         required=False,
         help_text="revise this profile; default: what the workers ran before",
     )
+
+
+class VerifySerializer(StrictSerializer):
+    repeats = serializers.IntegerField(required=False, default=DEFAULT_REPEATS, min_value=1, max_value=20)
 
 
 class AdoptedSerializer(StrictSerializer):
@@ -307,10 +335,25 @@ class ExperimentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewse
             objectives=v.get("objectives"),
             capacity_rate_scales=v["capacity_rate_scales"],
             capacity_seconds=v["capacity_seconds"],
+            mode=v["mode"],
             actor=request.user,
         )
         return Response(
             ExperimentDetailSerializer(self.get_queryset().get(pk=experiment.pk)).data, status=status.HTTP_201_CREATED
+        )
+
+    @extend_schema(request=VerifySerializer, responses={201: ExperimentDetailSerializer})
+    @action(detail=True, methods=["post"])
+    def verify(self, request: Request, pk: str | None = None) -> Response:
+        body = VerifySerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        experiment = get_object_or_404(Experiment, pk=pk)
+        verification = experiment.verify(request.user, repeats=body.validated_data["repeats"])
+        return Response(
+            ExperimentDetailSerializer(
+                Experiment.objects.prefetch_related("workers", "arms").get(pk=verification.pk)
+            ).data,
+            status=status.HTTP_201_CREATED,
         )
 
     @extend_schema(request=AbortSerializer, responses=ExperimentSerializer)

@@ -37,8 +37,9 @@ from controlplane.experiments.recommend import DEFAULT_REPEATS
 from controlplane.fleet.health import WorkerState
 from controlplane.fleet.models import Pool, Worker
 from controlplane.gateway.models import RequestLog, RoutingPool
+from controlplane.metrics.figures import DEFAULT_OBJECTIVES as SERVICE_OBJECTIVES
 from controlplane.profiles.models import Profile, ProfileRevision
-from workers import loadgen
+from workers import loadgen, predict
 from workers.profile import EngineProfile, profile_errors
 from workers.replay import Observed, WorkloadSpec, capture, from_plan
 
@@ -46,7 +47,11 @@ if TYPE_CHECKING:
     from controlplane.experiments.recommend import Recommendation
 
 DEFAULT_CHUNK_SIZES = (256, 512, 1024, 2048)
-DEFAULT_OBJECTIVES = {"ttft_ms": 2000.0, "tpot_ms": 200.0}
+# The service's default objectives (the overview's), in this app's milliseconds.
+DEFAULT_OBJECTIVES = {
+    "ttft_ms": 1000 * SERVICE_OBJECTIVES.ttft_seconds,
+    "tpot_ms": 1000 * SERVICE_OBJECTIVES.tpot_seconds,
+}
 
 
 class Phase(IntEnum):
@@ -66,6 +71,22 @@ class Phase(IntEnum):
     @property
     def label(self) -> str:
         return self.name.lower()
+
+
+class Mode(models.TextChoices):
+    """How an experiment's arms run: on the lab workers, or in virtual time
+    on the simulated device of the lab worker's own GPU and model."""
+
+    MEASURE = "measure", "measured on lab workers"
+    PREDICT = "predict", "predicted in virtual time"
+
+
+# What a verification sets beside its prediction, arm by arm (measure.FIGURES keys).
+COMPARED_FIGURES = ("goodput", "output_throughput", "client_ttft_p99", "client_stall_p99", "client_tpot_p99")
+# A prediction repeats every arm until the intervals are narrow, or this many times.
+PREDICT_MAX_REPEATS = 20
+# "Verify on lab workers" measures the baseline and this many of the predicted best arms.
+VERIFY_NUM_ARMS = 2
 
 
 class ArmStatus(IntEnum):
@@ -383,6 +404,18 @@ class Experiment(audit.Audited, models.Model):
         help_text="the capacity ramp per arm: rising multiples of the replay rate; empty: capacity not measured",
     )
     capacity_seconds = models.FloatField(default=30.0, help_text="replay per point of the capacity ramp")
+    mode = models.CharField(max_length=8, choices=Mode.choices, default=Mode.MEASURE)
+    simulation = models.JSONField(
+        default=dict, blank=True, help_text="predict mode: the simulated device the arms ran on ({label, device})"
+    )
+    verifies = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="verifications",
+        help_text="the prediction this experiment measures on lab workers",
+    )
 
     phase = models.PositiveSmallIntegerField(default=Phase.PENDING, db_index=True)
     message = models.TextField(blank=True)
@@ -437,6 +470,8 @@ class Experiment(audit.Audited, models.Model):
                 "objectives",
                 "capacity_rate_scales",
                 "capacity_seconds",
+                "mode",
+                "verifies",
                 "phase",
                 "abort_requested",
                 "abort_reason",
@@ -474,6 +509,8 @@ class Experiment(audit.Audited, models.Model):
         baseline: str = "",
         baseline_revision: ProfileRevision | None = None,
         chunk_sizes: tuple[int, ...] = DEFAULT_CHUNK_SIZES,
+        mode: str = Mode.MEASURE,
+        verifies: Experiment | None = None,
         actor: audit.Actor = None,
     ) -> Experiment:
         """Validate everything the run will need, then store the experiment,
@@ -484,20 +521,38 @@ class Experiment(audit.Audited, models.Model):
         Without ``arms``: the baseline is the profile the workers run now
         (or ``baseline_revision``), and a chunk-size grid that keeps its
         other knobs. ``baseline`` names the arm the others are set beside
-        (default: the one named "baseline", else the first)."""
+        (default: the one named "baseline", else the first).
+
+        ``mode`` predict: the arms run in virtual time on the simulated
+        device of the workers' own GPU and model (``predict``); the workers
+        are never taken out of traffic, so neither their state nor another
+        experiment on them stands in the way, but a worker no simulation
+        can stand for is a 400 on ``mode``."""
         errors: dict[str, list[str]] = {}
+        predicting = mode == Mode.PREDICT
+        if mode not in Mode.values:
+            errors["mode"] = [f"one of {', '.join(Mode.values)}."]
         if not workers:
             errors["workers"] = ["at least one worker."]
         kinds = {w.engine_kind for w in workers}
         if len(kinds) > 1:
             errors.setdefault("workers", []).append(f"the workers run different engines ({', '.join(sorted(kinds))}).")
-        for w in workers:
-            if WorkerState(w.state).is_lost:
-                errors.setdefault("workers", []).append(f"worker {w.name} is {w.state_label}.")
-        busy = Experiment.objects.active().filter(workers__in=workers).distinct()
-        for other in busy:
-            errors.setdefault("workers", []).append(f"{other} already uses some of these workers.")
-        errors.update(cls._traffic_errors(workers))
+        if predicting:
+            for w in workers:
+                if why := predict.why_not(w.engine_kind, w.hardware):
+                    errors.setdefault("mode", []).append(f"worker {w.name} cannot be simulated: {why}.")
+            if capacity_rate_scales:
+                errors.setdefault("capacity_rate_scales", []).append(
+                    "a prediction runs no capacity ramp; leave it empty in predict mode."
+                )
+        else:
+            for w in workers:
+                if WorkerState(w.state).is_lost:
+                    errors.setdefault("workers", []).append(f"worker {w.name} is {w.state_label}.")
+            busy = Experiment.objects.active().filter(workers__in=workers).exclude(mode=Mode.PREDICT).distinct()
+            for other in busy:
+                errors.setdefault("workers", []).append(f"{other} already uses some of these workers.")
+            errors.update(cls._traffic_errors(workers))
         if arms is None:
             max_len = min((w.max_model_len for w in workers if w.max_model_len), default=2048)
             current = dict(baseline_revision.fields) if baseline_revision is not None else current_fields(workers)
@@ -543,6 +598,8 @@ class Experiment(audit.Audited, models.Model):
                 objectives=objectives,
                 capacity_rate_scales=[float(r) for r in ramp],
                 capacity_seconds=capacity_seconds,
+                mode=mode,
+                verifies=verifies,
                 created_by=user,
                 message="waiting for the runner",
             )
@@ -656,6 +713,94 @@ class Experiment(audit.Audited, models.Model):
         if revision is None or self.profile is None or revision.profile.engine_kind != self.profile.engine_kind:
             return None
         return revision.profile
+
+    @property
+    def predicts(self) -> bool:
+        return self.mode == Mode.PREDICT
+
+    @property
+    def predicted_label(self) -> str:
+        """How a prediction's figures are labelled: "predicted (simulated H200 SXM)"."""
+        device = (self.simulation or {}).get("label")
+        return f"predicted (simulated {device})" if device else "predicted (simulated)"
+
+    def arms_to_verify(self) -> list[Arm]:
+        """The baseline and the ``VERIFY_NUM_ARMS`` best predicted arms that
+        met every objective (the recommended one first), in arm order."""
+        rec = self.recommendation or {}
+        broke = rec.get("broke") or {}
+        arms = list(self.arms.filter(status=ArmStatus.SUCCEEDED).order_by("index"))
+        basis = rec.get("basis") or "goodput"
+
+        def score(arm: Arm) -> tuple[float, float]:
+            summary = arm.summary or {}
+            return (
+                (summary.get(basis) or {}).get("mean") or 0.0,
+                (summary.get("output_throughput") or {}).get("mean") or 0.0,
+            )
+
+        baseline = self.baseline or "baseline"
+        ranked = sorted(
+            (a for a in arms if a.name not in broke and a.name != baseline),
+            key=lambda a: (a.name != rec.get("winner"), *(-v for v in score(a))),
+        )
+        chosen = {a.name for a in ranked[:VERIFY_NUM_ARMS]} | {baseline}
+        return [a for a in self.arms.order_by("index") if a.name in chosen]
+
+    def verify(self, actor: audit.Actor, repeats: int = DEFAULT_REPEATS) -> Experiment:
+        """A measure-mode experiment of the prediction's best arms and its
+        baseline, on the same workers and workload with the same arm
+        lengths, seeds and objectives (``verifies`` links it back), started
+        as any experiment is, audited as ``experiment.verify``."""
+        if not self.predicts:
+            raise ValidationError({"mode": ["only a prediction can be verified; this experiment was measured."]})
+        if self.phase != Phase.SUCCEEDED:
+            raise ValidationError({"phase": [f"the prediction is {self.phase_label}; verify it once it succeeded."]})
+        arms = self.arms_to_verify()
+        if not arms:
+            raise ValidationError({"arms": ["the prediction has no arm that ran."]})
+        with transaction.atomic():
+            verification = Experiment.create(
+                name=f"verify {self.name}"[:100],
+                workload=self.workload,
+                workers=list(self.workers.order_by("name")),
+                arms=[{"name": a.name, "fields": dict(a.fields)} for a in arms],
+                duration_seconds=self.duration_seconds,
+                warmup_seconds=self.warmup_seconds,
+                repeats=repeats,
+                rate_scale=self.rate_scale,
+                objectives=dict(self.objectives or {}),
+                baseline=self.baseline if any(a.name == self.baseline for a in arms) else "",
+                mode=Mode.MEASURE,
+                verifies=self,
+                actor=actor,
+            )
+            audit.record(
+                actor,
+                "experiment.verify",
+                self,
+                None,
+                {"verification": verification.pk, "arms": [a.name for a in arms]},
+            )
+        return verification
+
+    def predicted_against_measured(self) -> list[dict[str, Any]]:
+        """A verification, arm by arm: the prediction's figures beside this
+        experiment's measured ones (mean over repeats), and measured over
+        predicted; figures not yet in are None."""
+        if self.verifies is None:
+            return []
+        predicted = {a.name: a for a in self.verifies.arms.all()}
+        rows = []
+        for arm in self.arms.order_by("index"):
+            other = predicted.get(arm.name)
+            figures = {}
+            for key in COMPARED_FIGURES:
+                p = ((other.summary or {}).get(key) or {}).get("mean") if other else None
+                m = ((arm.summary or {}).get(key) or {}).get("mean")
+                figures[key] = {"predicted": p, "measured": m, "ratio": m / p if m is not None and p else None}
+            rows.append({"arm": arm.name, "figures": figures})
+        return rows
 
     # ---- what the runner writes -------------------------------------------------------
 

@@ -742,7 +742,9 @@ def restore(exp: Experiment, lease: Lease) -> None:
         pass  # already restoring: the flag changes nothing now
 
 
-def finish(exp: Experiment, phase: Phase) -> None:
+def finish(exp: Experiment, phase: Phase, message: str = "") -> None:
+    """The recommendation on the arms that ran, and the phase; ``message``
+    says how it ended (default: aborted with the reason, or finished)."""
     with transaction.atomic():
         exp = Experiment.objects.select_for_update().get(pk=exp.pk)
         exp.arms.filter(status__lt=ArmStatus.SUCCEEDED).update(
@@ -752,7 +754,9 @@ def finish(exp: Experiment, phase: Phase) -> None:
         before = exp.audit_state()
         exp.recommendation = rec
         exp.phase, exp.finished_at = phase, timezone.now()
-        exp.message = ("aborted: " + exp.abort_reason) if phase == Phase.ABORTED else "finished; workers restored"
+        exp.message = message or (
+            ("aborted: " + exp.abort_reason) if phase == Phase.ABORTED else "finished; workers restored"
+        )
         exp.progress = {"stage": phase.label, "seconds_left": 0}
         exp.save(update_fields=["recommendation", "phase", "finished_at", "message", "progress"])
         audit.record(exp.actor, f"experiment.{phase.label}", exp, before, {**exp.audit_state(), "recommendation": rec})

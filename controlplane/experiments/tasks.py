@@ -1,5 +1,6 @@
 """Celery tasks: ``drive(experiment_id)`` does an experiment's next step
-and enqueues its successor (``runner``); beat's ``sweep`` restarts the
+and enqueues its successor (``runner``, or ``prediction`` for one in
+predict mode); beat's ``sweep`` restarts the
 experiments whose runner was lost (their lease ran out).
 
 Tasks take ids and re-read the row; only a lost database or Redis
@@ -14,8 +15,8 @@ from django.utils import timezone
 
 from controlplane import outages
 from controlplane.celery import app
-from controlplane.experiments import conf, runner
-from controlplane.experiments.models import Experiment
+from controlplane.experiments import conf, prediction, runner
+from controlplane.experiments.models import Experiment, Mode
 
 RETRIED = outages.STORE_ERRORS
 
@@ -29,7 +30,8 @@ RETRIED = outages.STORE_ERRORS
     max_retries=20,
 )
 def drive(experiment_id: int) -> None:
-    if runner.drive(experiment_id):
+    mode = Experiment.objects.filter(pk=experiment_id).values_list("mode", flat=True).first()
+    if (prediction.drive if mode == Mode.PREDICT else runner.drive)(experiment_id):
         drive.delay(experiment_id)
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from django import forms
 
-from controlplane.experiments.models import DEFAULT_CHUNK_SIZES, DEFAULT_OBJECTIVES, Workload, arm_profile_ids
+from controlplane.experiments.models import DEFAULT_CHUNK_SIZES, DEFAULT_OBJECTIVES, Mode, Workload, arm_profile_ids
 from controlplane.experiments.recommend import DEFAULT_REPEATS
 from controlplane.fleet.models import Worker
 from controlplane.profiles.models import ProfileRevision
@@ -19,6 +19,14 @@ SCENARIO = "scenario"
 
 class ExperimentForm(forms.Form):
     name = forms.CharField(max_length=100, initial="chunk-size sweep")
+    mode = forms.ChoiceField(
+        choices=Mode.choices,
+        initial=Mode.MEASURE,
+        required=False,
+        help_text="predict: every arm in virtual time on the simulated device of the workers' own GPU and model "
+        "(seconds, the workers stay in traffic), repeated until the intervals are narrow; then verify the best on "
+        "the lab workers",
+    )
     workload = forms.ChoiceField(help_text="a stored workload, or a new one taken now")
     capture_minutes = forms.FloatField(
         initial=15, min_value=0.1, required=False, help_text="for a new capture: the request log's last minutes"

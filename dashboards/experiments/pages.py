@@ -12,7 +12,7 @@ from django.db.models import QuerySet
 from django.template.loader import render_to_string
 
 from controlplane.experiments.measure import FIGURES, upgrade_figures
-from controlplane.experiments.models import Arm, ArmStatus, Experiment, Phase, Workload
+from controlplane.experiments.models import COMPARED_FIGURES, Arm, ArmStatus, Experiment, Phase, Workload
 from dashboards import axes
 from workers.replay import Histogram
 
@@ -37,7 +37,7 @@ _FIGURE = {key: (label, unit, display) for key, label, unit, display in FIGURES}
 
 
 def base_queryset() -> QuerySet[Experiment]:
-    return Experiment.objects.select_related("workload", "created_by").prefetch_related("workers")
+    return Experiment.objects.select_related("workload", "created_by", "verifies").prefetch_related("workers")
 
 
 def list_context() -> dict[str, Any]:
@@ -123,14 +123,16 @@ def num_requests(arm: Arm) -> int:
     return sum(int((r.get("client") or {}).get("num_requests") or 0) for r in arm.results)
 
 
-def plot_payload(arms: list[Arm]) -> dict[str, Any]:
+def plot_payload(arms: list[Arm], predicted_arms: list[Arm] | None = None) -> dict[str, Any]:
     """The plot: throughput and goodput against chunk size, TTFT P99 and
     stall P99 (the client's) on a second axis, the monolithic arm's
     throughput and goodput as flat lines; with the requests and repeats
-    behind each point."""
+    behind each point. ``predicted_arms`` (a verification's prediction):
+    their throughput and goodput at the same chunk sizes beside the
+    measured ones (``predicted``)."""
 
-    def mean(arm: Arm, key: str) -> float | None:
-        return (upgrade_figures(arm.summary or {}).get(key) or {}).get("mean")
+    def mean(arm: Arm | None, key: str) -> float | None:
+        return (upgrade_figures(arm.summary or {}).get(key) or {}).get("mean") if arm else None
 
     measured = [a for a in arms if a.status == ArmStatus.SUCCEEDED]
     chunked = sorted((a for a in measured if a.chunk_size is not None), key=lambda a: a.chunk_size or 0)
@@ -138,9 +140,22 @@ def plot_payload(arms: list[Arm]) -> dict[str, Any]:
     xs = [a.chunk_size for a in chunked]
     series = {name: [mean(a, key) for a in chunked] for name, key in PLOT_SERIES.items()}
     base = {name: mean(baseline, key) for name, key in PLOT_SERIES.items()} if baseline else {}
+    predicted: dict[str, Any] | None = None
+    shown: dict[str, list[float | None]] = {}  # the predicted values each axis must hold
+    if predicted_arms is not None:
+        by_name = {a.name: a for a in predicted_arms if a.status == ArmStatus.SUCCEEDED}
+        predicted_base = {
+            name: mean(by_name.get(baseline.name), PLOT_SERIES[name]) if baseline else None
+            for name in ("output_throughput", "goodput")
+        }
+        predicted = {"baseline": predicted_base}
+        for name in ("output_throughput", "goodput"):
+            predicted[name] = [mean(by_name.get(a.name), PLOT_SERIES[name]) for a in chunked]
+            shown[name] = [*predicted[name], predicted_base[name]]
     scales = {}  # experiments.js's scales: each axis from zero, so a 1% gap looks like 1%
     for scale, names, display, unit in PLOT_SCALES:
-        axis = axes.value_axis((v for n in names for v in (*series[n], base.get(n))), display, unit)
+        values = [v for n in names for v in (*series[n], base.get(n), *shown.get(n, []))]
+        axis = axes.value_axis(iter(values), display, unit)
         scales[scale] = axis.to_json() if axis else None
     return {
         "x": xs,
@@ -148,6 +163,7 @@ def plot_payload(arms: list[Arm]) -> dict[str, Any]:
         "axes": scales,
         "arms": [a.name for a in chunked],
         **series,
+        "predicted": predicted,
         "requests": [num_requests(a) for a in chunked],
         "repeats": [len(a.results) for a in chunked],
         "baseline": {
@@ -187,6 +203,31 @@ def versus_baseline(rec: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def comparison(experiment: Experiment) -> dict[str, Any] | None:
+    """A verification's table: per arm, each compared figure predicted
+    beside measured, and measured over predicted."""
+    prediction = experiment.verifies
+    if prediction is None:
+        return None
+    columns = [{"key": k, "label": _FIGURE[k][0], "unit": _FIGURE[k][1]} for k in COMPARED_FIGURES]
+    rows = []
+    for row in experiment.predicted_against_measured():
+        cells = []
+        for key in COMPARED_FIGURES:
+            f = row["figures"][key]
+            display = _FIGURE[key][2]
+            cells.append(
+                {
+                    "key": key,
+                    "predicted": {"key": key, "mean": f["predicted"], "half_range": None, "display": display},
+                    "measured": {"key": key, "mean": f["measured"], "half_range": None, "display": display},
+                    "ratio": f["ratio"],
+                }
+            )
+        rows.append({"arm": row["arm"], "cells": cells})
+    return {"prediction": prediction, "label": prediction.predicted_label, "columns": columns, "rows": rows}
+
+
 def detail_context(experiment: Experiment, user_context: dict[str, Any] | None = None) -> dict[str, Any]:
     arms = list(experiment.arms.select_related("revision__profile").order_by("index"))
     rec = experiment.recommendation or {}
@@ -204,7 +245,8 @@ def detail_context(experiment: Experiment, user_context: dict[str, Any] | None =
         }
         for a in arms
     ]
-    plot = plot_payload(arms)
+    prediction = experiment.verifies
+    plot = plot_payload(arms, list(prediction.arms.all()) if prediction is not None else None)
     return {
         **(user_context or {}),
         "experiment": experiment,
@@ -235,6 +277,12 @@ def detail_context(experiment: Experiment, user_context: dict[str, Any] | None =
         "versus_baseline": versus_baseline(rec),
         "can_abort": experiment.phase < Phase.RESTORING and not experiment.abort_requested,
         "can_adopt": experiment.phase == Phase.SUCCEEDED and bool(rec.get("winner")),
+        "predicts": experiment.predicts,
+        "predicted_label": experiment.predicted_label if experiment.predicts else "",
+        "can_verify": experiment.predicts and experiment.phase == Phase.SUCCEEDED,
+        "verify_arms": [a.name for a in experiment.arms_to_verify()] if experiment.predicts else [],
+        "verifications": list(experiment.verifications.order_by("-created")) if experiment.predicts else [],
+        "comparison": comparison(experiment),
         "workers": sorted(w.name for w in experiment.workers.all()),
     }
 

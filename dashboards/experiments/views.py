@@ -5,7 +5,8 @@ Each page has one template; the experiment's live part
 (``dashboards.experiments.pages``) is a partial that htmx fetches on its
 own and the consumer pushes on every change the runner records. Buttons
 are plain POST forms; they only set flags (abort) or call one model method
-(adopt, which then opens "New rollout" with the revision it made).
+(adopt, which then opens "New rollout" with the revision it made; verify,
+which opens the verification it started).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from controlplane.accounts.roles import Role
-from controlplane.experiments.models import Experiment, Workload, current_fields, default_arms
+from controlplane.experiments.models import Experiment, Mode, Workload, current_fields, default_arms
 from controlplane.fleet.models import Worker
 from controlplane.gateway.models import RequestLog
 from dashboards.access import role_required
@@ -79,6 +80,17 @@ def experiment_action(request: HtmxHttpRequest, pk: int, verb: str) -> HttpRespo
             "out from here (it still passes the consistency gate and the canary analysis).",
         )
         return redirect(f"{reverse('rollout-new')}?revision={revision.pk}")
+    if verb == "verify":
+        try:
+            verification = experiment.verify(request.user)
+        except ValidationError as exc:
+            messages.error(request, " ".join(exc.messages))
+            return redirect("experiment-detail", pk=pk)
+        messages.success(
+            request,
+            f"Experiment {verification.pk} measures the predicted best arms and the baseline on the lab workers.",
+        )
+        return redirect("experiment-detail", pk=verification.pk)
     raise Http404(f"no action {verb}")
 
 
@@ -147,6 +159,7 @@ def experiment_new(request: HtmxHttpRequest) -> HttpResponse:
                     objectives={"ttft_ms": v["ttft_ms"], "tpot_ms": v["tpot_ms"]},
                     capacity_rate_scales=v["capacity_rate_scales"],
                     capacity_seconds=v["capacity_seconds"] or 20.0,
+                    mode=v.get("mode") or Mode.MEASURE,
                     actor=request.user,
                 )
         except ValidationError as exc:

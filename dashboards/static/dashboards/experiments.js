@@ -45,6 +45,16 @@
       series.push({ label: "baseline goodput", scale: "req", stroke: "#1c7c4a", dash: [6, 4], width: 1 });
       data.push(flat(b.output_throughput, n), flat(b.goodput, n));
     }
+    if (p.predicted) {  // a verification: its prediction at the same chunk sizes
+      var pb = p.predicted.baseline || {};
+      series.push({ label: "predicted throughput", scale: "tok", stroke: "#2f5bd3", dash: [2, 3], width: 1.5, points: { show: true } });
+      series.push({ label: "predicted goodput", scale: "req", stroke: "#1c7c4a", dash: [2, 3], width: 1.5, points: { show: true } });
+      data.push(p.predicted.output_throughput, p.predicted.goodput);
+      if (p.baseline) {
+        series.push({ label: "predicted baseline goodput", scale: "req", stroke: "#1c7c4a", dash: [1, 5], width: 1 });
+        data.push(flat(pb.goodput, n));
+      }
+    }
     // Each value axis comes with the data (dashboards/axes.py): from zero in
     // round steps, so a 1% gap between arms looks like 1%, not a cliff.
     var axes = p.axes || {};
