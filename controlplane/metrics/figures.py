@@ -119,6 +119,11 @@ class Objectives:
     tpot_seconds: float
 
 
+# The service objectives until an operator sets them: the overview's goodput
+# (ServiceObjectives) and a new experiment's objectives both start here.
+DEFAULT_OBJECTIVES = Objectives(ttft_seconds=2.0, tpot_seconds=0.1)
+
+
 class Group:
     """One group's targets over the same points, with ``sum by (series)``
     computed once and shared by every figure read from the group."""

@@ -35,6 +35,7 @@ from django.utils import timezone
 
 from controlplane import audit
 from controlplane.metrics.catalogue import Layout
+from controlplane.metrics.figures import DEFAULT_OBJECTIVES
 from controlplane.metrics.promql import Floats
 
 RAW_RETENTION = timedelta(hours=24)
@@ -185,8 +186,12 @@ class ServiceObjectives(models.Model):
     """The operator's TTFT and TPOT objectives, which goodput counts against.
     One row (pk 1)."""
 
-    ttft_seconds = models.FloatField(default=2.0, help_text="a request's time to first token must be at most this")
-    tpot_seconds = models.FloatField(default=0.1, help_text="and its time per output token at most this")
+    ttft_seconds = models.FloatField(
+        default=DEFAULT_OBJECTIVES.ttft_seconds, help_text="a request's time to first token must be at most this"
+    )
+    tpot_seconds = models.FloatField(
+        default=DEFAULT_OBJECTIVES.tpot_seconds, help_text="and its time per output token at most this"
+    )
     updated_at = models.DateTimeField(default=timezone.now)
 
     @classmethod

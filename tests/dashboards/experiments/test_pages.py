@@ -17,6 +17,7 @@ from controlplane.accounts.roles import Role
 from controlplane.audit.models import AuditEvent
 from controlplane.experiments.models import ArmStatus, Experiment, Phase, Workload
 from controlplane.fleet.models import Worker
+from controlplane.metrics.models import ServiceObjectives
 from tests.controlplane.factories import enroll_worker, make_pool, make_profile, make_user
 from tests.dashboards.support import run, socket
 
@@ -364,3 +365,14 @@ def test_new_experiment_takes_the_workers_profile_as_baseline_or_the_one_picked(
     )
     arms = list(Experiment.objects.get(name="picked").arms.order_by("index"))
     assert arms[0].fields == picked.fields and {a.fields["max_num_seqs"] for a in arms} == {4}
+
+
+def test_a_new_experiment_starts_from_the_overviews_objectives(operator_client: Client) -> None:
+    """One TPOT default: the overview said 100 ms while New experiment said 200 ms."""
+    overview = operator_client.get("/figures/").content.decode()
+    form = operator_client.get("/experiments/new/").content.decode()
+    service = ServiceObjectives.current()
+    assert f'name="tpot_seconds" type="number" step="any" min="0.0001" value="{service.tpot_seconds}"' in overview
+    for field, seconds in (("tpot_ms", service.tpot_seconds), ("ttft_ms", service.ttft_seconds)):
+        match = re.search(rf'name="{field}" value="([0-9.]+)"', form)
+        assert match and float(match.group(1)) == 1000 * seconds, field
