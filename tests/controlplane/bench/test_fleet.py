@@ -1,0 +1,109 @@
+"""``bench_fleet``: its arithmetic (CPU time per process tree, the cost
+model per unit of work), and its whole machinery at a small scale: four
+simulated workers, every figure in the report."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from controlplane.bench import fleet
+from controlplane.bench.management.commands.bench_fleet import REPORT_ROWS
+
+
+def size(workers: int, *, heartbeats: int, scrapes: int, web: float, celery: float) -> fleet.SizeFigures:
+    return fleet.SizeFigures(
+        workers=workers,
+        measured_seconds=60.0,
+        scrape_interval_seconds=5.0,
+        scrape_timeout_seconds=4.0,
+        alert_cycle_ms=10.0,
+        alert_interval_seconds=15.0,
+        num_heartbeats=heartbeats,
+        num_worker_scrapes=scrapes,
+        num_requests=100,
+        cpu_seconds={"web": web, "celery": celery, "beat": 0.6, "gateway": 1.0},
+        rows_by_table={"fleet_worker": heartbeats, "metrics_snapshot": scrapes, "metrics_rollup": scrapes},
+        database_bytes_per_minute=scrapes * 1000.0,
+    )
+
+
+def test_the_cost_model_charges_work_done_so_a_starved_fleet_is_not_cheaper() -> None:
+    # 100 workers heartbeating every 2 s for a minute: 3000 heartbeats at 3 ms each;
+    # 1200 scrapes at 10 ms each. The starved run did half the work for half the CPU.
+    full = fleet.CostModel.fit(
+        [size(100, heartbeats=3000, scrapes=1200, web=9.0, celery=12.0)], heartbeat_interval_seconds=2
+    )
+    starved = fleet.CostModel.fit(
+        [size(100, heartbeats=1500, scrapes=600, web=4.5, celery=6.0)], heartbeat_interval_seconds=2
+    )
+    for model in (full, starved):
+        assert model.web_seconds_per_heartbeat == pytest.approx(0.003)
+        assert model.celery_seconds_per_scrape == pytest.approx(0.010)
+        p = model.project(1000)
+        assert p.cores["web"] == pytest.approx(500 * 0.003)  # 500 heartbeats a second
+        assert p.cores["celery"] == pytest.approx(200 * 0.010)  # 200 scrapes a second
+        assert p.cores["beat"] == pytest.approx(0.01)
+        assert p.rows_per_second == pytest.approx(500 * 1 + 200 * 2)
+        assert p.scrape_round_cpu_seconds == pytest.approx(10.0)
+        assert model.project(1000, heartbeat_interval_seconds=10).cores["web"] == pytest.approx(100 * 0.003)
+
+
+def test_the_first_loop_to_miss_is_the_one_with_the_smallest_fleet() -> None:
+    model = fleet.CostModel.fit(
+        [size(100, heartbeats=3000, scrapes=1200, web=9.0, celery=12.0)], heartbeat_interval_seconds=2
+    )
+    misses = dict(model.misses())
+    assert misses["one scrape round's CPU reaches the scrape timeout"] == pytest.approx(4.0 / 0.010)
+    assert misses["one web process's heartbeats fill a core"] == pytest.approx(2.0 / 0.003)
+    assert misses["one alert cycle reaches ALERT_EVAL_INTERVAL"] == pytest.approx(15.0 / 0.0001)
+    assert model.misses()[0][0] == "one scrape round's CPU reaches the scrape timeout"
+
+
+def test_cpu_seconds_sum_every_process_of_a_session(tmp_path: Path) -> None:
+    ticks = fleet.CLOCK_TICKS
+
+    def stat(pid: int, session: int, utime: int, stime: int) -> None:
+        (tmp_path / str(pid)).mkdir()
+        fields = ["S", "1", str(session), str(session)] + ["0"] * 7 + [str(utime), str(stime)] + ["0"] * 30
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} (a (odd) name) " + " ".join(fields))
+
+    stat(10, 10, ticks, ticks)  # the leader: 2 s
+    stat(11, 10, 2 * ticks, 0)  # its child: 2 s
+    stat(20, 20, 5 * ticks, 0)  # another session
+    (tmp_path / "self").mkdir()
+    assert fleet.session_cpu_seconds([10, 30], proc=tmp_path) == {10: 4.0, 30: 0.0}
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_small_fleet_run_reports_every_figure(tmp_path: Path) -> None:
+    db = connection.settings_dict
+    auth = db["USER"] + (f":{db['PASSWORD']}" if db.get("PASSWORD") else "")
+    env: dict[str, Any] = {
+        **os.environ,
+        "DATABASE_URL": f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}",
+    }
+    out = tmp_path / "figures.json"
+    argv = [sys.executable, "manage.py", "bench_fleet", "--workers", "4", "--duration", "12", "--settle", "2"]
+    argv += ["--per-process", "2", "--json", str(out)]
+    run = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    figures = json.loads(out.read_text())["sizes"][0]
+    missing = [name for name in fleet.FIGURES if not math.isfinite(figures[name])]
+    assert not missing, f"figures without a value: {missing}"
+    assert figures["workers"] == 4 and figures["num_canary_workers"] == 2
+    assert figures["num_heartbeats"] > 0 and figures["num_worker_scrapes"] > 0
+    assert set(figures["cpu_seconds"]) == set(fleet.PROCESSES)
+    for label, _ in REPORT_ROWS:
+        assert label in run.stdout
+    assert "where one process of each loop misses its interval" in run.stdout
+    assert "10000 workers" in run.stdout
