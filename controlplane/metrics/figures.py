@@ -146,9 +146,16 @@ class Group:
                 by_layout.setdefault(t.layout.digest, []).append(t)
             self._sums = []
             for same in by_layout.values():
-                stacked = np.stack([t.increases for t in same])
-                seen = np.asarray(~np.isnan(stacked).all(axis=0), dtype=bool)
-                self._sums.append((same[0].layout, np.asarray(np.nansum(stacked, axis=0), dtype=np.float64), seen))
+                # A running sum, not nansum over np.stack: the stack (and
+                # nansum's copy of it) is targets x points x series, 100 MB
+                # and most of a figures page's time at 100 workers.
+                total = np.zeros_like(same[0].increases, dtype=np.float64)
+                seen = np.zeros(total.shape, dtype=bool)
+                for t in same:
+                    has = ~np.isnan(t.increases)
+                    np.add(total, t.increases, out=total, where=has)
+                    seen |= has
+                self._sums.append((same[0].layout, total, seen))
         return self._sums
 
     def sum_key(self, key: str) -> Floats:
