@@ -239,6 +239,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Every operation's error replies (400, 401, 403, 404, 409, 503) in the document.
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "controlplane.accounts.schema.document_errors",
+    ],
 }
 
 # --- static files, time, logging ------------------------------------------

@@ -54,6 +54,28 @@ class StrictMixin:
             unknown = sorted(str(name) for name in data if name not in self.fields and name not in _FORM_FIELDS)
             if unknown:
                 raise serializers.ValidationError({name: ["unknown field."] for name in unknown})
+            # DRF trims text before it checks the length; the document's maxLength is of the text as sent.
+            too_long = {
+                name: [f"Ensure this field has no more than {field.max_length} characters."]
+                for name, field in self.fields.items()
+                if isinstance(field, serializers.CharField)
+                and field.max_length is not None
+                and isinstance(data.get(name), str)
+                and len(data[name]) > field.max_length
+            }
+            if too_long:
+                raise serializers.ValidationError(too_long)
+            # DRF's CharField takes a number and makes it text; the document says text.
+            numbers = {
+                name: ["Not a valid string."]
+                for name, field in self.fields.items()
+                if isinstance(field, serializers.CharField)
+                and not field.read_only
+                and isinstance(data.get(name), int | float)
+                and not isinstance(data.get(name), bool)
+            }
+            if numbers:
+                raise serializers.ValidationError(numbers)
         return super().to_internal_value(data)  # type: ignore[misc]
 
     def get_fields(self) -> dict[str, serializers.Field]:

@@ -14,6 +14,7 @@ naming each field.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from django.db.models import QuerySet
@@ -213,8 +214,8 @@ class AlertSerializer(StrictModelSerializer):
     name = serializers.CharField(read_only=True)
     state = serializers.CharField(source="state_label", read_only=True)
     severity = serializers.CharField(read_only=True)
-    starts_at = serializers.DateTimeField(source="fired_at", read_only=True)
-    ends_at = serializers.DateTimeField(source="resolved_at", read_only=True)
+    starts_at = serializers.DateTimeField(source="fired_at", read_only=True, allow_null=True)
+    ends_at = serializers.DateTimeField(source="resolved_at", read_only=True, allow_null=True)
     silenced_by = serializers.SerializerMethodField()
     annotations = serializers.DictField(source="live_annotations", child=serializers.CharField(), read_only=True)
 
@@ -326,6 +327,13 @@ class AlertViewSet(viewsets.ReadOnlyModelViewSet):
         return queryset
 
 
+WEBHOOK_TEXT_FIELDS = ("version", "receiver", "groupKey", "status")
+
+
+def _text_or_absent(body: Mapping[str, Any], name: str) -> bool:
+    return name not in body or isinstance(body[name], str)
+
+
 class InboundWebhookView(APIView):
     """Alertmanager's webhook (version 4) in: a firing alert labelled
     ``chunkpilot_action="abort_rollout"`` asks the rollout its ``rollout``
@@ -340,10 +348,8 @@ class InboundWebhookView(APIView):
         request=inline_serializer(
             "AlertmanagerWebhook",
             {
-                "version": serializers.CharField(),
-                "receiver": serializers.CharField(),
-                "groupKey": serializers.CharField(),
-                "status": serializers.CharField(),
+                # Only the alerts are acted on; the rest, when sent, is text (Alertmanager's v4).
+                **{name: serializers.CharField(required=False, allow_blank=True) for name in WEBHOOK_TEXT_FIELDS},
                 "alerts": serializers.ListField(child=serializers.DictField()),
             },
         ),
@@ -360,8 +366,11 @@ class InboundWebhookView(APIView):
         ),
     )
     def post(self, request: Request) -> Response:
+        body = request.data
+        if isinstance(body, Mapping) and (wrong := [n for n in WEBHOOK_TEXT_FIELDS if not _text_or_absent(body, n)]):
+            return Response({name: ["must be a string."] for name in wrong}, status=400)
         try:
-            result = killswitch.receive_webhook(request.data, request.user)
+            result = killswitch.receive_webhook(body, request.user)
         except killswitch.PayloadError as exc:
             return Response(exc.errors, status=400)
         return Response(

@@ -108,7 +108,7 @@ class PoolViewSet(AuditedModelViewSet):
 # ---- enrollment tokens -------------------------------------------------------
 class EnrollmentTokenSerializer(AuditedSerializer):
     token = serializers.SerializerMethodField(help_text="the token itself: in the create reply only, never again")
-    created_by = serializers.CharField(source="created_by.username", read_only=True, default=None, allow_null=True)
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
     usable = serializers.SerializerMethodField()
     max_uses = serializers.IntegerField(required=False, allow_null=True, min_value=1)
 
@@ -173,7 +173,7 @@ class StateField(serializers.Field):
 class WorkerSerializer(AuditedSerializer):
     state = StateField(read_only=True)
     pool = serializers.PrimaryKeyRelatedField(queryset=Pool.objects.all(), allow_null=True, required=False)
-    pool_name = serializers.CharField(source="pool.name", read_only=True, default=None, allow_null=True)
+    pool_name = serializers.SlugRelatedField(source="pool", slug_field="name", read_only=True, allow_null=True)
     desired_revision = serializers.PrimaryKeyRelatedField(
         queryset=ProfileRevision.objects.select_related("profile"),
         allow_null=True,

@@ -285,7 +285,7 @@ class GatewayListView(APIView):
 # ---- client keys ----------------------------------------------------------------------
 class ClientKeySerializer(AuditedSerializer):
     key = serializers.SerializerMethodField(help_text="the key itself: in the create reply only, never again")
-    created_by = serializers.CharField(source="created_by.username", read_only=True, default=None)
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
 
     class Meta:
         model = ClientKey
@@ -337,22 +337,23 @@ class ClientKeyViewSet(AuditedModelViewSet):
 
 
 # ---- the request log ---------------------------------------------------------------------
+# An empty value of a filter is no filter (the explorer's form sends every field).
 _REQUEST_FILTERS = [
     OpenApiParameter("since", str, description="ISO 8601 time, inclusive"),
     OpenApiParameter("until", str, description="ISO 8601 time, exclusive"),
     OpenApiParameter("model", str),
-    OpenApiParameter("cohort", str, enum=list(ROLES)),
+    OpenApiParameter("cohort", str, enum=["", *ROLES]),
     OpenApiParameter("pool", str, description="pool name"),
     OpenApiParameter("worker", str, description="worker name"),
     OpenApiParameter("revision", int, description="profile revision id"),
-    OpenApiParameter("prefill_mode", str, enum=["chunked", "monolithic"]),
-    OpenApiParameter("split", str, enum=list(explorer.SPLITS), description="chunked: the prompt was split"),
+    OpenApiParameter("prefill_mode", str, enum=["", "chunked", "monolithic"]),
+    OpenApiParameter("split", str, enum=["", *explorer.SPLITS], description="chunked: the prompt was split"),
     OpenApiParameter("status", str, description="an HTTP status, ok or failed"),
     OpenApiParameter("bucket", str, description="prompt-length bucket: <=512, <=2K, <=8K, <=32K, >32K"),
-    OpenApiParameter("slow_by", str, enum=list(explorer.SLOW_BY)),
+    OpenApiParameter("slow_by", str, enum=["", *explorer.SLOW_BY]),
     OpenApiParameter("slow_above", float, description="seconds: only rows whose slow_by figure is above"),
-    OpenApiParameter("sort", str, enum=list(explorer.SORTS)),
-    OpenApiParameter("order", str, enum=["desc", "asc"]),
+    OpenApiParameter("sort", str, enum=["", *explorer.SORTS]),
+    OpenApiParameter("order", str, enum=["", "desc", "asc"]),
 ]
 _STORE_DOWN = {"detail": "the request log's database is unavailable; retry shortly."}
 

@@ -153,14 +153,14 @@ class RolloutSerializer(StrictModelSerializer):
     model = serializers.CharField(source="routing_table.model", read_only=True)
     stable_pool = serializers.CharField(source="stable_pool.name", read_only=True)
     canary_pool = serializers.CharField(source="canary_pool.name", read_only=True)
-    baseline_pool = serializers.CharField(source="baseline_pool.name", read_only=True, default=None)
+    baseline_pool = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
     stable_revision = RevisionRefSerializer(read_only=True)
     target_revision = RevisionRefSerializer(read_only=True)
     phase = serializers.CharField(source="phase_label", read_only=True)
     finished = serializers.BooleanField(source="is_finished", read_only=True)
     current_step = serializers.SerializerMethodField()
     flags = serializers.SerializerMethodField(help_text="buttons pressed that the reconciler has not acted on yet")
-    created_by = serializers.CharField(source="created_by.username", read_only=True, default=None)
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
 
     class Meta:
         model = Rollout
@@ -309,6 +309,8 @@ class RolloutViewSet(
             qs = qs.active()
         elif active in ("false", "0"):
             qs = qs.exclude(pk__in=Rollout.objects.active().values("pk"))
+        elif active is not None:  # a filter that is not a boolean must not read as no filter
+            raise serializers.ValidationError({"active": ["must be true or false."]})
         return qs
 
     def get_serializer_class(self) -> type[serializers.BaseSerializer]:
