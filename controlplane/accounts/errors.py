@@ -59,10 +59,13 @@ def _describe(obj: Any) -> str:
         return f"{obj._meta.verbose_name} {obj.pk}"
 
 
-class RefuseNulInQuery:
+class RefuseBadQuery:
     """Middleware: a query parameter holding a NUL character is a 400 naming
     it. PostgreSQL text cannot hold NUL, so such a filter would fail in the
-    database; bodies are covered by DRF's own CharField validator."""
+    database; bodies are covered by DRF's own CharField validator. Under
+    /api/, a parameter sent as an object (``limit[a]=1``, OpenAPI's
+    deepObject style) is a 400 naming it too: the API takes no object
+    parameters, and read as an unknown name it would be quietly ignored."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
@@ -73,4 +76,8 @@ class RefuseNulInQuery:
             return JsonResponse(
                 {key.replace("\x00", "\\0"): ["must not contain NUL characters."] for key in bad}, status=400
             )
+        if request.path.startswith("/api/"):
+            objects = sorted({key.partition("[")[0] for key in request.GET if "[" in key and key.endswith("]")})
+            if objects:
+                return JsonResponse({name: ["must be a single value, not an object."] for name in objects}, status=400)
         return self.get_response(request)

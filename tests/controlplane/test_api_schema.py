@@ -123,3 +123,10 @@ def test_a_partial_update_still_answers_every_field_a_null_creator_included(admi
     EnrollmentToken.objects.filter(pk=created["id"]).update(created_by=None)
     response = admin_api.patch(f"/api/v1/enrollment-tokens/{created['id']}/", {"name": "t2"}, format="json")
     assert response.status_code == 200 and response.json()["created_by"] is None
+
+
+@pytest.mark.parametrize("path", ["/api/v1/requests/", "/api/v1/workers/", "/api/v1/rollouts/"])
+def test_a_query_parameter_sent_as_an_object_is_a_400_naming_it(admin_api: APIClient, path: str) -> None:
+    response = admin_api.get(f"{path}?limit[a]=1&limit[b]=2")
+    assert response.status_code == 400 and response.json() == {"limit": ["must be a single value, not an object."]}
+    assert admin_api.get(f"{path}?limit=1").status_code == 200
