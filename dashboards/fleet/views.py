@@ -18,7 +18,7 @@ from dashboards.live import HtmxHttpRequest
 
 @role_required(Role.VIEWER)
 def fleet(request: HtmxHttpRequest) -> HttpResponse:
-    context = pages.page_context()
+    context = pages.page_context(pages.View.from_params(request.GET))
     if request.htmx:
         return render(request, "fleet/partials/fleet_rows.html", context)
     return render(request, "fleet/fleet.html", context)
