@@ -20,11 +20,14 @@ from typing import Any
 
 from workers.engines.api import RequestMetrics, SamplingParams, StepMetrics
 from workers.engines.reference.llm_engine import LLMEngine
+from workers.engines.reference.sequence import OutputKind
 from workers.engines.sim.engine import SimLLMEngine, VirtualClock
 from workers.engines.sim.steptime import Device
 from workers.figures import SLO, summarize
 from workers.loadgen import PlannedRequest
 from workers.profile import EngineProfile
+
+FINAL_ONLY = OutputKind.FINAL_ONLY
 
 
 @dataclass
@@ -69,7 +72,11 @@ def drive(
         while i < len(order) and planned[order[i]].start_seconds <= now:
             req = planned[order[i]]
             params = SamplingParams(temperature=0.0, max_tokens=req.max_tokens, ignore_eos=True)
-            engine.add_request(f"r{order[i]}", ids[order[i]], params, arrival_time=t0 + req.start_seconds)
+            # FINAL_ONLY: no incremental detokenizing and no output per step,
+            # which a replay never reads (its figures are the engine's records).
+            engine.add_request(
+                f"r{order[i]}", ids[order[i]], params, arrival_time=t0 + req.start_seconds, output_kind=FINAL_ONLY
+            )
             i += 1
         if engine.has_unfinished_requests():
             engine.step()
@@ -137,7 +144,7 @@ def closed_loop(
         nonlocal submitted
         ids = [rng.choice(vocab) for _ in range(prompt_tokens)]
         params = SamplingParams(temperature=0.0, max_tokens=output_tokens, ignore_eos=True)
-        engine.add_request(f"c{submitted}", ids, params)
+        engine.add_request(f"c{submitted}", ids, params, output_kind=FINAL_ONLY)
         submitted += 1
 
     for _ in range(min(concurrency, num_requests)):
