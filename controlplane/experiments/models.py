@@ -372,6 +372,12 @@ def arm_profile_ids() -> QuerySet[Experiment, Any]:
     return Experiment.objects.exclude(profile=None).values("profile")
 
 
+def _busy_errors(workers: list[Worker]) -> dict[str, list[str]]:
+    """The unfinished measuring experiments that already use some of ``workers``."""
+    busy = Experiment.objects.active().filter(workers__in=workers).exclude(mode=Mode.PREDICT).distinct()
+    return {"workers": [f"{other} already uses some of these workers." for other in busy]} if busy else {}
+
+
 class Experiment(audit.Audited, models.Model):
     audit_name = "experiment"
 
@@ -549,9 +555,7 @@ class Experiment(audit.Audited, models.Model):
             for w in workers:
                 if WorkerState(w.state).is_lost:
                     errors.setdefault("workers", []).append(f"worker {w.name} is {w.state_label}.")
-            busy = Experiment.objects.active().filter(workers__in=workers).exclude(mode=Mode.PREDICT).distinct()
-            for other in busy:
-                errors.setdefault("workers", []).append(f"{other} already uses some of these workers.")
+            errors.update(_busy_errors(workers))
             errors.update(cls._traffic_errors(workers))
         if arms is None:
             max_len = min((w.max_model_len for w in workers if w.max_model_len), default=2048)
@@ -587,6 +591,14 @@ class Experiment(audit.Audited, models.Model):
             raise ValidationError(errors)
         user = actor if getattr(actor, "is_authenticated", False) else None
         with transaction.atomic():
+            if not predicting:
+                # "One experiment at a time on a worker" holds when creates race:
+                # they queue on the workers' row locks (taken in id order, so two
+                # cannot deadlock) and each checks again after the one before it
+                # committed; the check above alone let 8 identical creates all in.
+                list(Worker.objects.select_for_update().filter(pk__in=[w.pk for w in workers]).order_by("pk"))
+                if busy := _busy_errors(workers):
+                    raise ValidationError(busy)
             experiment = cls(
                 name=name,
                 workload=workload,
