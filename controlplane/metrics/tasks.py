@@ -1,7 +1,8 @@
 """The scraper and retention on Celery beat.
 
 ``metrics.scrape`` runs every SCRAPE_INTERVAL; a round that is still queued
-when the next is due expires instead of piling up. With
+when the next is due expires instead of piling up, and a tick that finds a
+round still running skips. With
 ``METRICS_BACKEND=prometheus`` it scrapes nothing (Prometheus scrapes the
 workers) and only tells the live metric pages that figures may have moved, so
 they re-read them from Prometheus each SCRAPE_INTERVAL. ``metrics.purge`` drops
@@ -10,6 +11,7 @@ raw snapshots after 24 h and rollups after 14 days, once a minute.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django.utils import timezone
@@ -17,7 +19,9 @@ from django.utils import timezone
 from controlplane.celery import app
 from controlplane.metrics import backends, conf
 from controlplane.metrics.models import purge_expired
-from controlplane.metrics.scrape import announce_figures, scrape_fleet
+from controlplane.metrics.scrape import announce_figures, round_in_flight, scrape_fleet
+
+log = logging.getLogger(__name__)
 
 PURGE_INTERVAL_SECONDS = 60.0
 
@@ -28,6 +32,10 @@ def scrape() -> dict[str, int]:
         # METRICS_BACKEND=prometheus: Prometheus scrapes the workers; the pages still re-render on this beat.
         announce_figures()
         return {"targets": 0, "failed": 0}
+    busy = round_in_flight(timezone.now())
+    if busy is not None:
+        log.warning("scrape round of %s still running; this tick skipped", busy.started_at.isoformat())
+        return {"targets": 0, "failed": 0, "skipped": 1}
     scrape_round = scrape_fleet()
     return {"targets": scrape_round.num_targets, "failed": scrape_round.num_failed}
 
