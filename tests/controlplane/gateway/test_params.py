@@ -178,6 +178,28 @@ def test_parameters_no_worker_implements_are_refused_not_ignored() -> None:
     assert seen == []
 
 
+def test_poisoned_logit_bias_and_min_tokens_are_400s_naming_the_field_before_any_worker() -> None:
+    base = {"model": "m", "prompt": "hi", "max_tokens": 4}
+    bodies: list[dict[str, Any] | bytes] = [
+        {**base, "logit_bias": "x"},
+        b'{"model": "m", "prompt": "hi", "logit_bias": {"1": NaN}}',
+        {**base, "min_tokens": -1},
+        {**base, "min_tokens": 2**70},
+        {**base, "min_tokens": 5},  # above max_tokens
+    ]
+    responses, seen = send("/v1/completions", bodies)
+    assert [(r.status_code, r.json()["error"]["param"]) for r in responses] == [
+        (400, "logit_bias"),
+        (400, "logit_bias"),
+        (400, "min_tokens"),
+        (400, "min_tokens"),
+        (400, "min_tokens"),
+    ]
+    assert seen == []
+    responses, seen = send("/v1/completions", [{**base, "min_tokens": 4, "logit_bias": {"7": -100}}])
+    assert responses[0].status_code == 200 and json.loads(seen[0])["logit_bias"] == {"7": -100}
+
+
 def test_a_request_without_a_cap_reaches_the_worker_byte_for_byte() -> None:
     raw = '{"model": "m", "prompt": "a\\ud800b caf\u00e9", "max_tokens": 5000}'.encode()
     responses, seen = send("/v1/completions", [raw])
