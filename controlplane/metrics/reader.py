@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -200,6 +201,8 @@ class Reader:
             self._objectives = query.objectives_now()
         index = {name: i for i, name in enumerate(names)}
         kept = selected[order] if selected is not None else None
+        # Every group is a share of the selected rows' stream (RequestRows.stream), as in the query layer.
+        stream = log.rows.created if selected is None else log.rows.created[selected]
         out: Values = {f.name: {} for f in chosen}
         for group in sorted(present):
             i = index.get(group)
@@ -210,6 +213,7 @@ class Reader:
                 group_rows = by_group.take(slice(bounds[i], bounds[i + 1]))
                 if kept is not None:
                     group_rows = group_rows.take(kept[bounds[i] : bounds[i + 1]])
+            group_rows = replace(group_rows, stream=stream)
             for f in chosen:
                 out[f.name][group] = _clean(f.from_requests(group_rows, self.points, window, self._objectives)[0])
         return out
