@@ -41,9 +41,12 @@ WorkerSamples = dict[str, tuple[np.ndarray, dict[str, np.ndarray]]]  # worker â†
 UNAVAILABLE = "metrics backend unavailable"
 DATABASE, PROMETHEUS = "database", "prometheus"
 FLEET = "fleet"
-# A group's name when its label is empty, as the database backend names it
-# (``query.group_of``).
-EMPTY_GROUP = {"pool": "(no pool)", "cohort": "(unrouted)"}
+NO_POOL = "(no pool)"
+# A worker whose pool is in no routing table takes no gateway traffic: what
+# it serves is an experiment's replay on a lab worker.
+NO_COHORT = "lab (no routing table)"
+# A group's name when its label is empty, for both backends (``query.group_of``).
+EMPTY_GROUP = {"pool": NO_POOL, "cohort": NO_COHORT}
 
 
 class BackendUnavailable(RuntimeError):

@@ -72,8 +72,7 @@ from controlplane.metrics.models import (
 from controlplane.metrics.promql import Floats
 
 SELECTOR_KEYS = ("worker", "pool", "cohort")
-NO_POOL = "(no pool)"
-NO_COHORT = "(unrouted)"
+NO_POOL, NO_COHORT = backends.NO_POOL, backends.NO_COHORT
 FLEET = "fleet"
 MAX_RANGE_POINTS = 1500
 # The gateway logs a request whose client went away first as 499

@@ -128,6 +128,20 @@ def test_ratios_against_a_cohort_without_traffic_read_a_dash(viewer_client: Clie
     assert table.count('<td class="ratio ">—</td>') == table.count("<tr data-figure=") > 10
 
 
+def test_a_lab_workers_traffic_is_named_for_what_it_is(viewer_client: Client) -> None:
+    lab = Worker.objects.create(name="lab-1", url="http://lab.invalid", pool=Pool.objects.create(name="lab-pool"))
+    now = timezone.now()
+    for i in range(24):
+        n = 1000 + 10 * i
+        page = Page(
+            counters={"vllm:request_success_total": n},
+            histograms={TTFT: ([(0.1, n), (1.0, n), (float("inf"), n)], 0.05 * n)},
+        )
+        store(now - timedelta(seconds=5 * (23 - i)), {job(lab): page})  # its pool is in no routing table
+    html = viewer_client.get("/figures/panel/?group_by=cohort").content.decode()
+    assert '<tr data-group="lab (no routing table)">' in html and "unrouted" not in html
+
+
 def test_length_table_lists_every_bucket_even_without_requests(viewer_client: Client) -> None:
     html = viewer_client.get("/figures/lengths/").content.decode()
     for bucket in ("<=512", "<=2K", "<=8K", "<=32K", ">32K"):
