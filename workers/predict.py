@@ -20,6 +20,7 @@ worker can be simulated never loads them.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,12 +34,23 @@ if TYPE_CHECKING:
     from workers.engines.sim.steptime import Device
 
 # The profiles a reference table is fitted under: a monolithic one (whole
-# prompts in one step) and a chunked one (chunks over a cached context), so
-# the fit sees the step shapes of either kind of arm.
+# prompts in one step; its budget is the model's length, see fit_profiles)
+# and a chunked one (chunks over a cached context), so the fit sees the step
+# shapes of either kind of arm.
 FIT_PROFILES: tuple[dict[str, Any], ...] = (
-    {"prefill_mode": "monolithic", "max_num_batched_tokens": 4096},
+    {"prefill_mode": "monolithic"},
     {"prefill_mode": "chunked", "max_num_batched_tokens": 512, "long_prefill_token_threshold": 256},
 )
+
+
+def fit_profiles(model_dir: Path) -> list[EngineProfile]:
+    """FIT_PROFILES for ``model_dir``: the fit runs at the model's own
+    length, and a monolithic budget must hold a whole prompt of it."""
+    max_len = int(json.loads((Path(model_dir) / "config.json").read_text())["max_position_embeddings"])
+    return [
+        EngineProfile(**{"max_num_batched_tokens": max_len, **p} if p["prefill_mode"] == "monolithic" else p)
+        for p in FIT_PROFILES
+    ]
 
 
 class CannotSimulate(ValueError):
@@ -93,7 +105,7 @@ def fit_reference_table(model_dir: Path, path: Path) -> Path:
     # Imported here: fitting runs the reference engine (torch).
     from workers.engines.sim import fit
 
-    table = fit.fit_reference(model_dir, [EngineProfile(**p) for p in FIT_PROFILES])
+    table = fit.fit_reference(model_dir, fit_profiles(model_dir))
     partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
     fit.write(table, partial)
     os.replace(partial, path)
@@ -185,6 +197,7 @@ __all__ = [
     "CannotSimulate",
     "Prediction",
     "Target",
+    "fit_profiles",
     "fit_reference_table",
     "fitted_table_path",
     "predict",

@@ -77,9 +77,11 @@ def lab_worker(exp: Experiment) -> Worker:
 
 
 def _target(worker: Worker) -> predict.Target:
-    key = f"{worker.engine_kind}:{(worker.hardware or {}).get('sim')}:{reference_table()}"
+    table = reference_table()
+    fitted = table.stat().st_mtime_ns if worker.engine_kind == "reference" and table.exists() else 0
+    key = f"{worker.engine_kind}:{(worker.hardware or {}).get('sim')}:{table}:{fitted}"  # a refit is a new device
     if key not in _targets:
-        _targets[key] = predict.target(worker.engine_kind, worker.hardware, table=reference_table())
+        _targets[key] = predict.target(worker.engine_kind, worker.hardware, table=table)
     return _targets[key]
 
 

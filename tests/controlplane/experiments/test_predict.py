@@ -6,6 +6,7 @@ simulation can stand for is refused, naming the field."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from controlplane.experiments import prediction, runner
 from controlplane.experiments.models import ArmStatus, Experiment, Mode, Phase, Workload
 from controlplane.fleet.models import Worker
 from tests.controlplane.factories import enroll_worker, make_pool, make_profile, make_user
+from workers import predict
 
 pytestmark = pytest.mark.django_db(transaction=True)
 WORKLOAD_SECONDS = 600.0
@@ -134,3 +136,14 @@ def test_the_api_refuses_a_prediction_on_a_vllm_worker_naming_the_mode_and_reads
     reply = api.post("/api/v1/experiments/", {**body, "workers": [sim_worker().name]}, format="json")
     assert reply.status_code == 201 and reply.json()["mode"] == "predict", reply.content
     assert api.get(f"/api/v1/experiments/{reply.json()['id']}/").json()["mode"] == "predict"
+
+
+def test_the_reference_fit_runs_profiles_the_engine_accepts_at_the_model_s_own_length() -> None:
+    # The fit runs the reference engine at the checkpoint's native length: a monolithic
+    # budget under it was refused there, and the task failed before any prediction.
+    model_dir = predict.shipped_model_dir()
+    native = json.loads((model_dir / "config.json").read_text())["max_position_embeddings"]
+    profiles = predict.fit_profiles(model_dir)
+    assert {p.prefill_mode for p in profiles} == {"monolithic", "chunked"}
+    for profile in profiles:
+        profile.validate(engine_kind="reference", max_model_len=native)
