@@ -101,6 +101,7 @@ class SizeFigures:
     abort_all_on_stable_seconds: float = math.nan
     num_requests: int = 0
     num_request_errors: int = 0
+    num_marked_unhealthy: int = 0  # live workers the health sweep marked unhealthy in the window
     num_heartbeats: int = 0  # the fleet's and the probes', in the window
     num_worker_scrapes: int = 0  # workers scraped successfully, over the window's rounds
     cpu_seconds: dict[str, float] = field(default_factory=dict)  # per process, over the window

@@ -65,6 +65,7 @@ from controlplane.accounts.roles import Role, grant_role
 from controlplane.advisor.models import AdvisorReport
 from controlplane.alerts import conf as alerts_conf
 from controlplane.alerts import evaluation
+from controlplane.audit.models import AuditEvent
 from controlplane.bench import fleet
 from controlplane.celery import app
 from controlplane.fleet import conf as fleet_conf
@@ -356,6 +357,7 @@ REPORT_ROWS: tuple[tuple[str, Callable[[fleet.SizeFigures], str]], ...] = (
         lambda r: f"{r.heartbeats_per_second:.0f} ({r.heartbeats_expected_per_second:.0f})",
     ),
     ("heartbeat P99 ms (probes amid the fleet)", lambda r: _num(r.heartbeat_p99_ms)),
+    ("live workers marked unhealthy (false alarms)", lambda r: str(r.num_marked_unhealthy)),
     ("scrape round P50 / max s", lambda r: _pair(r.scrape_round_p50_seconds, r.scrape_round_max_seconds, ".2f")),
     ("  interval / timeout s", lambda r: f"{r.scrape_interval_seconds:g}/{r.scrape_timeout_seconds:g}"),
     (
@@ -485,6 +487,13 @@ class Command(BaseCommand):
         figures.heartbeats_expected_per_second = size / fleet_conf.HEARTBEAT_INTERVAL_SECONDS.get()
         figures.heartbeat_p99_ms = fleet.percentile(load.probe_seconds, 0.99) * 1000
         figures.num_requests, figures.num_request_errors = load.num_requests, load.num_errors
+        # Every worker of the fleet stays up: any the health sweep marks unhealthy is a false alarm.
+        figures.num_marked_unhealthy = AuditEvent.objects.filter(
+            action="worker.state_change",
+            time__gte=started_at,
+            object_id__in=[str(pk) for pk in stack.fleet().values_list("pk", flat=True)],
+            after__state=WorkerState.UNHEALTHY.label,
+        ).count()
 
         figures.scrape_interval_seconds = metrics_conf.SCRAPE_INTERVAL.get()
         figures.scrape_timeout_seconds = scrape_timeout_seconds()
