@@ -23,11 +23,13 @@ from django.db.models import Count
 from django.template.loader import render_to_string
 from django.utils import timezone
 
+from controlplane.audit.models import AuditEvent
 from controlplane.fleet.health import WorkerState
 from controlplane.fleet.models import Worker
 from controlplane.metrics import backends, catalogue, figures, query
 from controlplane.metrics.figures import Figure
 from controlplane.metrics.models import ScrapeRound, ScrapeStatus, ServiceObjectives
+from controlplane.rollouts.models import RolloutEvent
 from dashboards import axes
 
 RANGES: dict[str, float] = {"15m": 900, "1h": 3600, "3h": 10800, "6h": 21600}
@@ -147,6 +149,42 @@ def _freshness(now: datetime) -> dict[str, Any]:
     return {"last_scrape": latest, "now": now, **rules}
 
 
+# ---- annotations: what changed, on the charts' time axis ---------------------------------
+
+STEP, ABORT, PROFILE = "rollout-step", "abort", "profile"
+# The rollout timeline's entries marked on the charts: where traffic or the pools moved.
+ROLLOUT_MARKS = {
+    "started": STEP,
+    "weights_set": STEP,
+    "step_completed": STEP,
+    "promoted": STEP,
+    "succeeded": STEP,
+    "abort_requested": ABORT,
+    "aborting": ABORT,
+    "aborted": ABORT,
+}
+MAX_ANNOTATIONS = 200
+
+
+def annotations(start: datetime, end: datetime) -> list[dict[str, Any]]:
+    """Rollout steps, aborts and pools' profile changes in ``(start, end]``,
+    oldest first, for the charts to mark (metrics.js)."""
+    marks = [
+        {"t": e.time.timestamp(), "kind": ROLLOUT_MARKS[e.kind], "text": f"rollout {e.rollout_id}: {e.message}"}
+        for e in RolloutEvent.objects.filter(time__gt=start, time__lte=end, kind__in=ROLLOUT_MARKS).order_by("-time")[
+            :MAX_ANNOTATIONS
+        ]
+    ]
+    changes = AuditEvent.objects.filter(time__gt=start, time__lte=end, object_type="fleet.pool").order_by("-time")
+    for a in changes[:MAX_ANNOTATIONS]:
+        before, after = a.before or {}, a.after or {}
+        if before.get("desired_revision") != after.get("desired_revision"):
+            revision, actor = after.get("desired_revision") or "none", a.actor_repr or "system"
+            text = f"pool {a.object_repr}: profile revision {revision} (by {actor})"
+            marks.append({"t": a.time.timestamp(), "kind": PROFILE, "text": text})
+    return sorted(marks, key=lambda m: m["t"])
+
+
 # ---- the four-figure panel --------------------------------------------------------------
 
 
@@ -211,6 +249,7 @@ def panel_context(view: View, now: datetime | None = None) -> dict[str, Any]:
     return {
         "view": view,
         "charts": charts,
+        "annotations": annotations(now - timedelta(seconds=view.range_seconds), now),
         "rows": rows,
         "panel_figures": [figures.get(n) for n in PANEL_TABLE],
         "beside_figures": [figures.get(n) for n in BESIDE],
@@ -272,6 +311,7 @@ def overview_context(view: View, now: datetime | None = None) -> dict[str, Any]:
         ],
         "objectives": ServiceObjectives.current(),
         "charts": [chart],
+        "annotations": annotations(start, now),
         **_freshness(now),
     }
 

@@ -58,6 +58,28 @@
     };
   }
 
+  // Rollout steps, aborts and profile changes (pages.annotations), marked on
+  // every chart's time axis as a line with its text on hover. Marks are
+  // elements over the plot, so they can carry a title and be found by tests.
+  function annotations() {
+    var src = document.getElementById("chart-annotations");
+    return src ? JSON.parse(src.textContent) : [];
+  }
+
+  function mark(u) {
+    u.over.querySelectorAll(".annotation").forEach(function (n) { n.remove(); });
+    var min = u.scales.x.min, max = u.scales.x.max;
+    annotations().forEach(function (a) {
+      if (min == null || a.t < min || a.t > max) return;
+      var m = document.createElement("div");
+      m.className = "annotation " + a.kind;
+      m.setAttribute("data-kind", a.kind);
+      m.title = new Date(a.t * 1000).toLocaleTimeString() + " " + a.text;
+      m.style.left = u.valToPos(a.t, "x") + "px";
+      u.over.appendChild(m);
+    });
+  }
+
   function payload(el) {
     var src = document.getElementById(el.getAttribute("data-source"));
     return src ? JSON.parse(src.textContent) : null;
@@ -71,6 +93,9 @@
       height: 220,
       scales: { x: { time: true, range: xRange(holder) }, y: { range: yRange(holder) } },
       legend: { live: true },
+      // One crosshair across the page's charts: hovering one shows the same instant on all.
+      cursor: { sync: { key: "chunkpilot-figures" } },
+      plugins: [{ hooks: { draw: [mark] } }],
       series: [{}].concat(p.lines.map(function (line, i) {
         return { label: line.label, stroke: COLORS[i % COLORS.length], width: 2, spanGaps: false,
                  value: function (u, v) { return fmt(v); } };

@@ -91,3 +91,40 @@ def test_the_panel_draws_its_charts_and_updates_them_when_a_scrape_arrives(page:
     expect(cell).not_to_have_text("99 ms")
     expect(page.locator("#chart-ttft canvas")).to_have_count(1)  # updated in place, not redrawn beside
     assert not_reloaded(page)
+
+
+def test_a_rollout_step_is_marked_on_every_chart_and_one_crosshair_spans_them(page: Any, web: str) -> None:
+    from controlplane.rollouts.models import Rollout
+    from tests.controlplane.rollouts.factories import make_fleet
+
+    fleet = make_fleet(num_stable=1, num_canary=1)
+    w = fleet.workers["stable"][0]
+    now = timezone.now()
+    for i in range(60):  # the last five minutes, every 5 s
+        store(now - timedelta(seconds=295 - 5 * i), {job(w, "stable"): ttft_page(1000 + 10 * i, 0)})
+    rollout = Rollout.start(
+        routing_table=fleet.table,
+        stable_pool=fleet.stable,
+        canary_pool=fleet.canary,
+        target_revision=fleet.target_revision,
+        actor="tester",
+    )
+    rollout.record("weights_set", "weights set: canary 10%", now=now - timedelta(seconds=120))
+
+    sign_in(page, web, Role.VIEWER, "/figures/panel/?group_by=cohort&range=15m&window=1m")
+    for chart in CHARTS:
+        step = page.locator(f'#chart-{chart} .annotation[data-kind="rollout-step"]')
+        expect(step.first).to_be_attached()
+    titles = page.locator('#chart-ttft .annotation[data-kind="rollout-step"]').evaluate_all(
+        "marks => marks.map(m => m.title)"
+    )
+    assert any(f"rollout {rollout.pk}: weights set: canary 10%" in t for t in titles), titles
+
+    # Hover one chart: the others' cursors move to the same instant.
+    box = page.locator("#chart-ttft .u-over").bounding_box()
+    page.mouse.move(box["x"] + box["width"] * 0.6, box["y"] + box["height"] / 2)
+    cursors = page.evaluate(
+        "() => Object.fromEntries(Object.entries(window.chunkpilotCharts).map(([id, c]) => [id, c.plot.cursor.left]))"
+    )
+    lefts = {round(v) for v in cursors.values()}
+    assert len(lefts) == 1 and lefts.pop() > 0, cursors

@@ -142,6 +142,36 @@ def test_a_lab_workers_traffic_is_named_for_what_it_is(viewer_client: Client) ->
     assert '<tr data-group="lab (no routing table)">' in html and "unrouted" not in html
 
 
+def test_annotations_mark_rollout_steps_aborts_and_profile_changes_in_the_range() -> None:
+    from controlplane import audit
+    from controlplane.rollouts.models import Rollout
+    from tests.controlplane.rollouts.factories import make_fleet
+
+    fleet = make_fleet(num_stable=1, num_canary=1)
+    now = timezone.now()
+    r = Rollout.start(
+        routing_table=fleet.table,
+        stable_pool=fleet.stable,
+        canary_pool=fleet.canary,
+        target_revision=fleet.target_revision,
+        actor="tester",
+    )
+    r.record("weights_set", "weights set: canary 10%", now=now - timedelta(seconds=300))
+    r.record("measurement", "measurement 1/3", now=now - timedelta(seconds=250))  # not a mark
+    r.record("aborting", "aborting: asked by tester", now=now - timedelta(seconds=200))
+    r.record("weights_set", "long ago", now=now - timedelta(hours=2))  # before the range
+    pool = fleet.canary
+    before = {"desired_revision": None}
+    audit.record("ops", "pool.update", pool, before, {"desired_revision": 7}, time=now - timedelta(seconds=100))
+    audit.record("ops", "pool.update", pool, before, {**before, "description": "x"}, time=now - timedelta(seconds=50))
+    marks = pages.annotations(now - timedelta(hours=1), now)
+    assert [(m["kind"], m["text"]) for m in marks if m["t"] < now.timestamp() - 60] == [
+        ("rollout-step", f"rollout {r.pk}: weights set: canary 10%"),
+        ("abort", f"rollout {r.pk}: aborting: asked by tester"),
+        ("profile", f"pool {pool.name}: profile revision 7 (by ops)"),
+    ]
+
+
 def test_length_table_lists_every_bucket_even_without_requests(viewer_client: Client) -> None:
     html = viewer_client.get("/figures/lengths/").content.decode()
     for bucket in ("<=512", "<=2K", "<=8K", "<=32K", ">32K"):
