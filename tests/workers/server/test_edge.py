@@ -57,11 +57,28 @@ def healthy(url: str) -> bool:
 
 
 def raw_request(url: str, head: bytes, body: bytes = b"") -> bytes:
-    """Send ``head`` (+ ``body``) on a raw socket and read the status line back."""
+    """Send ``head`` (+ ``body``) on a raw socket and read the reply back: its
+    head and as much body as its Content-Length says (the server may write the
+    two apart, and keeps the connection open a moment after, as nginx does)."""
     host, port = url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=30) as conn:
         conn.sendall(head + body)
-        return conn.recv(4096)
+        reply = b""
+        while chunk := conn.recv(65536):
+            reply += chunk
+            top, sep, rest = reply.partition(b"\r\n\r\n")
+            if sep:
+                length = next(
+                    (
+                        int(v)
+                        for k, _, v in (line.partition(b":") for line in top.split(b"\r\n")[1:])
+                        if k.strip().lower() == b"content-length"
+                    ),
+                    0,
+                )
+                if len(rest) >= length:
+                    break
+        return reply
 
 
 def test_a_body_declared_larger_than_the_limit_is_413_before_it_is_sent(server: str) -> None:
