@@ -100,6 +100,13 @@ def test_the_detail_shows_results_with_spread_plot_data_and_recommendation(opera
     data = json.loads(re.search(r'id="experiment-plot-data">(.*?)</script>', html, re.S).group(1))
     assert data["x"] == [256, 512, 1024, 2048]
     assert data["baseline"]["output_throughput"] == pytest.approx(10.5)
+    # Each value axis from zero over every point and the baseline, so arms 1% apart do not look a cliff apart.
+    for scale, names in (("tok", ("output_throughput",)), ("req", ("goodput",)), ("s", ("ttft_p99", "stall_p99"))):
+        axis = data["axes"][scale]
+        values = [v for n in names for v in (*data[n], data["baseline"][n]) if v is not None]
+        assert axis["min"] == 0 and max(values) <= axis["max"], (scale, axis)
+        assert len(set(axis["labels"])) == len(axis["ticks"]), axis
+    assert data["x_range"] == [256, 2048]
     assert "data-winner>chunk-2048<" in html and "highest goodput" in html
     assert 'data-button="adopt"' in html and 'data-button="abort"' not in html
 
