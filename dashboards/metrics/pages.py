@@ -166,7 +166,7 @@ ROLLOUT_MARKS = {
 MAX_ANNOTATIONS = 200
 
 
-def annotations(start: datetime, end: datetime) -> list[dict[str, Any]]:
+def chart_annotations(start: datetime, end: datetime) -> list[dict[str, Any]]:
     """Rollout steps, aborts and pools' profile changes in ``(start, end]``,
     oldest first, for the charts to mark (metrics.js)."""
     marks = [
@@ -249,7 +249,7 @@ def panel_context(view: View, now: datetime | None = None) -> dict[str, Any]:
     return {
         "view": view,
         "charts": charts,
-        "annotations": annotations(now - timedelta(seconds=view.range_seconds), now),
+        "annotations": chart_annotations(now - timedelta(seconds=view.range_seconds), now),
         "rows": rows,
         "panel_figures": [figures.get(n) for n in PANEL_TABLE],
         "beside_figures": [figures.get(n) for n in BESIDE],
@@ -311,7 +311,7 @@ def overview_context(view: View, now: datetime | None = None) -> dict[str, Any]:
         ],
         "objectives": ServiceObjectives.current(),
         "charts": [chart],
-        "annotations": annotations(start, now),
+        "annotations": chart_annotations(start, now),
         **_freshness(now),
     }
 

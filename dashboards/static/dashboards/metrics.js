@@ -58,7 +58,7 @@
     };
   }
 
-  // Rollout steps, aborts and profile changes (pages.annotations), marked on
+  // Rollout steps, aborts and profile changes (pages.chart_annotations), marked on
   // every chart's time axis as a line with its text on hover. Marks are
   // elements over the plot, so they can carry a title and be found by tests.
   function annotations() {

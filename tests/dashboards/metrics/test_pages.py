@@ -164,7 +164,7 @@ def test_annotations_mark_rollout_steps_aborts_and_profile_changes_in_the_range(
     before = {"desired_revision": None}
     audit.record("ops", "pool.update", pool, before, {"desired_revision": 7}, time=now - timedelta(seconds=100))
     audit.record("ops", "pool.update", pool, before, {**before, "description": "x"}, time=now - timedelta(seconds=50))
-    marks = pages.annotations(now - timedelta(hours=1), now)
+    marks = pages.chart_annotations(now - timedelta(hours=1), now)
     assert [(m["kind"], m["text"]) for m in marks if m["t"] < now.timestamp() - 60] == [
         ("rollout-step", f"rollout {r.pk}: weights set: canary 10%"),
         ("abort", f"rollout {r.pk}: aborting: asked by tester"),
