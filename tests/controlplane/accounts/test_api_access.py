@@ -120,7 +120,7 @@ ENDPOINTS = [
     # experiments
     *_crud("/api/v1/workloads/", methods="get post get_one delete"),
     *_crud("/api/v1/experiments/", methods="get post get_one"),
-    *_actions("/api/v1/experiments/", "abort", "adopt"),
+    *_actions("/api/v1/experiments/", "abort", "adopt", "verify"),
     # alerts
     *_crud("/api/v1/alert-rules/"),
     Endpoint("get", "/api/v1/alert-rules/{id}/test/"),
