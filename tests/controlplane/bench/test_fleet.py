@@ -1,6 +1,6 @@
 """``bench_fleet``: its arithmetic (CPU time per process tree, the cost
 model per unit of work), and its whole machinery at a small scale: four
-simulated workers, every figure in the report."""
+simulated workers, every figure in the report, one of them killed."""
 
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def test_cpu_seconds_sum_every_process_of_a_session(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_a_small_fleet_run_reports_every_figure(tmp_path: Path) -> None:
+def test_a_small_fleet_run_reports_every_figure_and_the_kill(tmp_path: Path) -> None:
     db = connection.settings_dict
     auth = db["USER"] + (f":{db['PASSWORD']}" if db.get("PASSWORD") else "")
     env: dict[str, Any] = {
@@ -94,10 +94,11 @@ def test_a_small_fleet_run_reports_every_figure(tmp_path: Path) -> None:
     }
     out = tmp_path / "figures.json"
     argv = [sys.executable, "manage.py", "bench_fleet", "--workers", "4", "--duration", "12", "--settle", "2"]
-    argv += ["--per-process", "2", "--json", str(out)]
+    argv += ["--per-process", "1", "--kill-fraction", "0.25", "--json", str(out)]
     run = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
-    figures = json.loads(out.read_text())["sizes"][0]
+    payload = json.loads(out.read_text())
+    figures = payload["sizes"][0]
     missing = [name for name in fleet.FIGURES if not math.isfinite(figures[name])]
     assert not missing, f"figures without a value: {missing}"
     assert figures["workers"] == 4 and figures["num_canary_workers"] == 2
@@ -107,3 +108,7 @@ def test_a_small_fleet_run_reports_every_figure(tmp_path: Path) -> None:
         assert label in run.stdout
     assert "where one process of each loop misses its interval" in run.stdout
     assert "10000 workers" in run.stdout
+    fault = payload["fault"]
+    assert (fault["killed_workers"], fault["fleet"]) == (1, 4), "one worker's process of four killed"
+    assert fault["scrape_rounds"] > 0 and math.isfinite(fault["dead_all_marked_unhealthy_seconds"])
+    assert "workers killed at once" in run.stdout

@@ -127,6 +127,8 @@ class Stack:
         self.api_token = Token.objects.create(user=self.user).key
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.worker_procs: list[subprocess.Popen[bytes]] = []
+        self.worker_names: list[list[str]] = []  # each process's workers
+        self.ports_given: set[int] = set()
         self.num_by_pool = {"stable": 0, "canary": 0}
         self.probes: list[tuple[int, str]] = []  # (worker id, secret)
 
@@ -182,7 +184,7 @@ class Stack:
             while self.num_by_pool[role] < want:
                 count = min(per, want - self.num_by_pool[role])
                 index = len(self.worker_procs)
-                port = free_port(count)
+                port = self.free_ports(count)
                 enrollment = Enrollment(
                     self.web_url, self.tokens[role], f"{self.tag}-{role}-{index}", self.workdir / f"w{index}.json"
                 )
@@ -201,6 +203,9 @@ class Stack:
                 )
                 log = self.workdir / f"workers-{index}.log"
                 self.worker_procs.append(stack.enter_context(child(argv, log, self.env())))
+                # serve --count N names its workers NAME-0..; one alone is NAME
+                names = [f"{enrollment.name}-{j}" for j in range(count)] if count > 1 else [enrollment.name]
+                self.worker_names.append(names)
                 self.num_by_pool[role] += count
 
         def ready() -> int | None:
@@ -217,6 +222,18 @@ class Stack:
                 [PoolSpec(self.pools["stable"], "stable", 10000), PoolSpec(self.pools["canary"], "canary", 0)],
                 actor="bench",
             )
+
+    def free_ports(self, count: int) -> int:
+        """The first of ``count`` free ports in a row that no process started
+        before has been given: a simulated worker binds its ports only once
+        its device has loaded, seconds after it starts."""
+        for _ in range(100):
+            first = free_port(count)
+            ports = set(range(first, first + count))
+            if not ports & self.ports_given:
+                self.ports_given |= ports
+                return first
+        raise CommandError(f"no {count} free ports in a row that no worker was given")
 
     def fleet(self) -> Any:
         return Worker.objects.filter(pool__in=[self.pools["stable"], self.pools["canary"]])
@@ -406,6 +423,12 @@ class Command(BaseCommand):
         parser.add_argument("--sim-system", default="h200_sxm")
         parser.add_argument("--sim-model", default="meta-llama/Meta-Llama-3.1-8B")
         parser.add_argument("--json", type=Path, help="also write the figures here, as JSON")
+        parser.add_argument(
+            "--kill-fraction",
+            type=float,
+            default=0.0,
+            help="after the last size, SIGKILL whole worker processes until this share of the fleet is dead",
+        )
         parser.add_argument("--report-from", type=Path, help="print the report of an earlier run's --json, run nothing")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -426,6 +449,7 @@ class Command(BaseCommand):
         settings.CELERY_TASK_DEFAULT_QUEUE = app.conf.task_default_queue = tag
         settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = tag  # type: ignore[index]
         results: list[fleet.SizeFigures] = []
+        fault: dict[str, Any] = {}
         with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
             stack = Stack(tag, Path(tmp), options)
             try:
@@ -444,10 +468,18 @@ class Command(BaseCommand):
                         time.sleep(options["settle"])
                         results.append(self._measure(stack, size, options))
                         self.stderr.write(json.dumps(dataclasses.asdict(results[-1]), default=str))
+                    if options["kill_fraction"] > 0:
+                        fault = self._kill(stack, options)
+                        self.stderr.write(json.dumps(fault))
             finally:
                 close_old_connections()
                 stack.delete()
         self._report(results, options)
+        if fault:
+            self._report_fault(fault)
+            if options.get("json") is not None:
+                payload = json.loads(options["json"].read_text())
+                options["json"].write_text(json.dumps({**payload, "fault": fault}, indent=2, default=str))
 
     # ---- one size ---------------------------------------------------------------------
 
@@ -516,6 +548,86 @@ class Command(BaseCommand):
         self._time_pages(stack, figures)
         self._time_rollout(stack, figures)
         return figures
+
+    def _kill(self, stack: Stack, options: dict[str, Any]) -> dict[str, Any]:
+        """SIGKILL whole worker processes of the stable pool, the newest
+        first, until at least ``--kill-fraction`` of the fleet is dead, with
+        traffic on; then watch
+        for three unhealthy-after periods: the dead marked unhealthy, no
+        survivor marked, scrape rounds bounded by their timeout, the gateway
+        ejecting the dead and the clients seeing no error."""
+        total = stack.fleet().count()
+        victims: list[subprocess.Popen[bytes]] = []
+        dead_ids: set[int] = set()
+        for proc, names in reversed(list(zip(stack.worker_procs, stack.worker_names, strict=True))):
+            if len(dead_ids) >= options["kill_fraction"] * total:
+                break
+            if not names[0].startswith(f"{stack.tag}-stable-"):
+                continue  # the stable pool's: the canary takes no traffic after the abort, so none to eject
+            victims.append(proc)
+            dead_ids |= set(stack.fleet().filter(name__in=names).values_list("pk", flat=True))
+        dead_names = set(Worker.objects.filter(pk__in=dead_ids).values_list("name", flat=True))
+        gateway_log = stack.workdir / "gateway.log"
+        log_offset = gateway_log.stat().st_size
+        window = max(30.0, 3 * fleet_conf.WORKER_UNHEALTHY_AFTER_SECONDS.get())
+        load = Load(stack, max(0.5, options["rate_per_worker"] * total))
+        load.start()
+        killed_at, started = timezone.now(), time.monotonic()
+        for proc in victims:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+        def all_dead_marked() -> bool:
+            return not Worker.objects.filter(pk__in=dead_ids, state__lt=WorkerState.UNHEALTHY).exists()
+
+        wait_until(all_dead_marked, window, "every killed worker marked unhealthy", interval=0.2)
+        dead_marked_seconds = time.monotonic() - started
+        time.sleep(max(0.0, window - (time.monotonic() - started)))
+        load.stop.set()
+        load.join(10)
+        survivors = [str(pk) for pk in stack.fleet().exclude(pk__in=dead_ids).values_list("pk", flat=True)]
+        falsely_marked = AuditEvent.objects.filter(
+            action="worker.state_change",
+            time__gte=killed_at,
+            object_id__in=survivors,
+            after__state=WorkerState.UNHEALTHY.label,
+        ).count()
+        rounds = [
+            ((f - s).total_seconds(), failed)
+            for s, f, failed in ScrapeRound.objects.filter(started_at__gte=killed_at, finished_at__isnull=False)
+            .order_by("started_at")
+            .values_list("started_at", "finished_at", "num_failed")
+            if f is not None
+        ]
+        with open(gateway_log, errors="replace") as log:
+            log.seek(log_offset)
+            ejections = [line for line in log if "ejected for" in line]
+        ejected = {name for name in dead_names if any(f" {name} " in line for line in ejections)}
+        return {
+            "killed_workers": len(dead_ids),
+            "fleet": total,
+            "window_seconds": window,
+            "dead_all_marked_unhealthy_seconds": dead_marked_seconds,
+            "survivors_marked_unhealthy": falsely_marked,
+            "scrape_rounds": len(rounds),
+            "scrape_round_max_seconds": max((d for d, _ in rounds), default=math.nan),
+            "scrape_timeout_seconds": scrape_timeout_seconds(),
+            "scrape_failed_per_round": statistics.mean(n for _, n in rounds) if rounds else math.nan,
+            "dead_ejected_by_gateway": len(ejected),
+            "requests": load.num_requests,
+            "request_errors": load.num_errors,
+        }
+
+    def _report_fault(self, fault: dict[str, Any]) -> None:
+        self.stdout.write(
+            f"fault: {fault['killed_workers']} of {fault['fleet']} workers killed at once; within "
+            f"{fault['window_seconds']:g}s: all marked unhealthy after "
+            f"{fault['dead_all_marked_unhealthy_seconds']:.1f}s, {fault['survivors_marked_unhealthy']} survivors "
+            f"marked unhealthy; {fault['scrape_rounds']} scrape rounds, "
+            f"longest {fault['scrape_round_max_seconds']:.2f}s (timeout {fault['scrape_timeout_seconds']:g}s), "
+            f"{fault['scrape_failed_per_round']:.1f} failed per round; {fault['dead_ejected_by_gateway']} of the dead "
+            f"ejected by the gateway; {fault['requests']} requests, {fault['request_errors']} errors"
+        )
 
     def _time_pages(self, stack: Stack, figures: fleet.SizeFigures) -> None:
         client = Client()
