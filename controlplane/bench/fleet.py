@@ -93,6 +93,11 @@ class SizeFigures:
     rollouts_page_ms: float = math.nan
     figures_page_ms: float = math.nan
     page_cpu_ms: dict[str, float] = field(default_factory=dict)  # by URL: CPU in the serving process
+    prometheus_targets_up: float = math.nan  # --prometheus: the same fleet scraped by Prometheus
+    prometheus_scrape_avg_ms: float = math.nan
+    prometheus_scrape_max_ms: float = math.nan
+    prometheus_panel_ms: float = math.nan
+    prometheus_panel_cpu_ms: float = math.nan
     alert_cycle_ms: float = math.nan
     alert_interval_seconds: float = math.nan
     rollout_step_seconds: float = math.nan

@@ -86,6 +86,7 @@ from controlplane.launcher import (
     worker_argv,
 )
 from controlplane.metrics import conf as metrics_conf
+from controlplane.metrics import deploy
 from controlplane.metrics.models import ScrapeRound
 from controlplane.metrics.scrape import scrape_timeout_seconds
 from controlplane.profiles.models import Profile
@@ -94,6 +95,7 @@ from controlplane.rollouts.models import Rollout
 from workers import contract
 
 MAX_MODEL_LEN = 4096
+PROMETHEUS = "/usr/bin/prometheus"  # Debian's
 NUM_PROBES = 4
 PROJECT_TO = (1_000, 10_000)
 
@@ -171,9 +173,46 @@ class Stack:
         wait_http(f"http://127.0.0.1:{self.gateway_port}/health", self.procs["gateway"], tmp / "gateway.log")
         wait_http(f"{self.web_url}/login/", self.procs["web"], tmp / "web.log")
         wait_until(lambda: len(bus.live_gateways()) >= 1, 30, "the gateway registered")
+        if self.options["prometheus"]:
+            self.start_prometheus(stack)
         for name, proc in self.procs.items():
             if proc.poll() is not None:
                 raise CommandError(f"{name} exited:\n{(tmp / f'{name}.log').read_text()[-2000:]}")
+
+    def start_prometheus(self, stack: contextlib.ExitStack) -> None:
+        """Debian's Prometheus, scraping the fleet every 5 s as the shipped
+        config does (the control plane's service discovery), beside the
+        database backend's own scrape: the pages' figures are then read
+        from it in this process (``prometheus_figures``)."""
+        (self.workdir / deploy.TOKEN_FILE).write_text(self.api_token)
+        config = {
+            "global": {"scrape_interval": "5s"},
+            "scrape_configs": [
+                {
+                    "job_name": deploy.WORKERS_JOB,
+                    "scrape_interval": "5s",
+                    "http_sd_configs": [
+                        {
+                            "url": self.web_url + deploy.SD_PATH,
+                            "refresh_interval": "5s",
+                            "authorization": {"type": "Token", "credentials_file": deploy.TOKEN_FILE},
+                        }
+                    ],
+                }
+            ],
+        }
+        (self.workdir / "prometheus.yml").write_text(json.dumps(config))
+        port = free_port()
+        self.prometheus_url = f"http://127.0.0.1:{port}"
+        argv = [PROMETHEUS, f"--config.file={self.workdir / 'prometheus.yml'}", "--log.level=warn"]
+        argv += [f"--storage.tsdb.path={self.workdir / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"]
+        self.procs["prometheus"] = stack.enter_context(child(argv, self.workdir / "prometheus.log", self.env()))
+        wait_http(f"{self.prometheus_url}/-/ready", self.procs["prometheus"], self.workdir / "prometheus.log")
+
+    def prometheus_query(self, promql: str) -> float:
+        reply = httpx.get(f"{self.prometheus_url}/api/v1/query", params={"query": promql}, timeout=30).json()
+        result = reply["data"]["result"]
+        return float(result[0]["value"][1]) if result else math.nan
 
     def grow_to(self, num_workers: int, stack: contextlib.ExitStack) -> None:
         """Start simulated workers until the fleet has ``num_workers``, half in
@@ -401,6 +440,17 @@ REPORT_ROWS: tuple[tuple[str, Callable[[fleet.SizeFigures], str]], ...] = (
     ),
     ("abort: weight 0 acked ms", lambda r: _num(r.abort_acked_ms, ".0f")),
     ("abort: every canary worker on stable s", lambda r: _num(r.abort_all_on_stable_seconds)),
+    (
+        "Prometheus: targets up; scrape avg / max ms",
+        lambda r: (
+            f"{_num(r.prometheus_targets_up, '.0f')}; {_pair(r.prometheus_scrape_avg_ms, r.prometheus_scrape_max_ms)}"
+        ),
+    ),
+    (
+        "Prometheus: panel ms (CPU here)",
+        lambda r: f"{_num(r.prometheus_panel_ms, '.0f')} ({_num(r.prometheus_panel_cpu_ms, '.0f')})",
+    ),
+    ("Prometheus cores", lambda r: _num(r.cpu_seconds.get("prometheus", math.nan) / r.measured_seconds, ".2f")),
     ("workers' own CPU, cores (apart)", lambda r: _num(r.workers_cpu_seconds / r.measured_seconds, ".2f")),
     ("DB rows written per minute", lambda r: _num(r.rows_per_minute, ".0f")),
     ("DB growth MiB per minute", lambda r: _num(r.database_bytes_per_minute / 2**20)),
@@ -428,6 +478,11 @@ class Command(BaseCommand):
             type=float,
             default=0.0,
             help="after the last size, SIGKILL whole worker processes until this share of the fleet is dead",
+        )
+        parser.add_argument(
+            "--prometheus",
+            action="store_true",
+            help=f"also run {PROMETHEUS} scraping the fleet, and time the panel read from it",
         )
         parser.add_argument("--report-from", type=Path, help="print the report of an earlier run's --json, run nothing")
 
@@ -546,8 +601,43 @@ class Command(BaseCommand):
             figures.scrape_round_gap_max_seconds = max(gaps) if gaps else math.nan
 
         self._time_pages(stack, figures)
+        if options["prometheus"]:
+            self._time_prometheus(stack, figures, size)
         self._time_rollout(stack, figures)
         return figures
+
+    def _time_prometheus(self, stack: Stack, figures: fleet.SizeFigures, size: int) -> None:
+        job = f'job="{deploy.WORKERS_JOB}"'
+        wait_until(
+            lambda: stack.prometheus_query(f"sum(up{{{job}}})") >= size,
+            120,
+            f"Prometheus scraping all {size} workers",
+            interval=1.0,
+        )
+        figures.prometheus_targets_up = stack.prometheus_query(f"sum(up{{{job}}})")
+        figures.prometheus_scrape_avg_ms = stack.prometheus_query(f"avg(scrape_duration_seconds{{{job}}})") * 1000
+        figures.prometheus_scrape_max_ms = (
+            stack.prometheus_query(f"max(max_over_time(scrape_duration_seconds{{{job}}}[1m]))") * 1000
+        )
+        client = Client()
+        client.force_login(stack.user)
+        url = reverse("metrics-panel")
+        saved = (getattr(settings, "METRICS_BACKEND", None), getattr(settings, "PROMETHEUS_URL", None))
+        settings.METRICS_BACKEND, settings.PROMETHEUS_URL = "prometheus", stack.prometheus_url
+        try:
+            client.get(url)
+            times, cpu = [], []
+            for _ in range(3):
+                started, cpu_started = time.perf_counter(), time.process_time()
+                reply = client.get(url)
+                times.append((time.perf_counter() - started) * 1000)
+                cpu.append((time.process_time() - cpu_started) * 1000)
+                if reply.status_code != 200:
+                    raise CommandError(f"{url} on Prometheus answered {reply.status_code}")
+        finally:
+            settings.METRICS_BACKEND, settings.PROMETHEUS_URL = saved
+        figures.prometheus_panel_ms = statistics.median(times)
+        figures.prometheus_panel_cpu_ms = statistics.median(cpu)
 
     def _kill(self, stack: Stack, options: dict[str, Any]) -> dict[str, Any]:
         """SIGKILL whole worker processes of the stable pool, the newest
