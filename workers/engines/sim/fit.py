@@ -39,19 +39,29 @@ class RecordingEngine(LLMEngine):
         return super()._execute(chunks)
 
 
-def fit(batches: list[StepBatch], seconds: list[float]) -> tuple[dict[str, float], float]:
-    """Non-negative coefficients per feature, and R² of the fit."""
+def fit(batches: list[StepBatch], seconds: list[float]) -> tuple[dict[str, dict[str, float]], float]:
+    """Non-negative coefficients per feature, one set for decode-only steps
+    and one for steps with a prefill (on a CPU the two run different kernels
+    and thread counts: one line through both fitted neither), and R² of the
+    whole fit."""
     from scipy.optimize import nnls  # a dependency of aiconfigurator-core; only fitting needs it
 
     x = np.array([features(b) for b in batches], dtype=np.float64)
     y = np.array(seconds, dtype=np.float64)
-    scale = np.maximum(x.max(axis=0), 1e-12)  # columns of very different sizes: fit on [0, 1]
-    coef, _ = nnls(x / scale, y)
-    coef = coef / scale
-    predicted = x @ coef
+    decode_only = np.array([not b.prefills for b in batches])
+    predicted = np.zeros_like(y)
+    out: dict[str, dict[str, float]] = {}
+    for kind, rows in (("decode", decode_only), ("prefill", ~decode_only)):
+        coef = np.zeros(x.shape[1])
+        if rows.any():
+            scale = np.maximum(x[rows].max(axis=0), 1e-12)  # columns of very different sizes: fit on [0, 1]
+            coef, _ = nnls(x[rows] / scale, y[rows])
+            coef = coef / scale
+        predicted[rows] = x[rows] @ coef
+        out[kind] = dict(zip(FIT_FEATURES, (float(c) for c in coef), strict=True))
     total = float(((y - y.mean()) ** 2).sum())
     r2 = 1.0 - float(((y - predicted) ** 2).sum()) / total if total > 0 else 0.0
-    return dict(zip(FIT_FEATURES, (float(c) for c in coef), strict=True)), r2
+    return out, r2
 
 
 def fitting_workload(seed: int = 0) -> list[PlannedRequest]:

@@ -19,7 +19,7 @@ Two devices:
 
   and KV capacity is the package's own estimate at a memory fraction.
 - ``FittedDevice``: a linear step-time model fitted to the reference engine's
-  own step records (``workers.bench.simfit``), for the tiny model on this CPU.
+  own step records (``workers.engines.sim.fit``), for the tiny model on this CPU.
   It is how a prediction for a reference worker is checked against what the
   reference worker then does.
 
@@ -300,9 +300,10 @@ def features(batch: StepBatch) -> tuple[float, ...]:
 class FittedDevice:
     """The reference engine's own cost on this machine, fitted from its steps.
 
-    ``table`` is the JSON ``workers.bench.simfit`` writes: the coefficient of
-    each of ``FIT_FEATURES`` (seconds per unit), the model directory it was
-    fitted on, and how well it fitted. Memory is the reference engine's own
+    ``table`` is the JSON ``workers.engines.sim.fit`` writes: the coefficient
+    of each of ``FIT_FEATURES`` (seconds per unit), one set for decode-only
+    steps and one for steps with a prefill, the model directory it was fitted
+    on, and how well it fitted. Memory is the reference engine's own
     accounting for that model on CPU.
     """
 
@@ -312,11 +313,12 @@ class FittedDevice:
         path = Path(table)
         try:
             data = json.loads(path.read_text())
-            coefficients = data["coefficients"]
-            self.coefficients = tuple(float(coefficients[name]) for name in FIT_FEATURES)
+            sets = data["coefficients"]
+            self.decode = tuple(float(sets["decode"][name]) for name in FIT_FEATURES)
+            self.prefill = tuple(float(sets["prefill"][name]) for name in FIT_FEATURES)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise SimSetupError("sim_table", f"{table} is not a fitted step-time table: {exc!r}") from exc
-        if not all(math.isfinite(c) for c in self.coefficients):
+        if not all(math.isfinite(c) for c in self.decode + self.prefill):
             raise SimSetupError("sim_table", f"{table} holds a coefficient that is not finite.")
         self.table = data
         self.path = path
@@ -329,7 +331,8 @@ class FittedDevice:
         self.name = f"{data.get('hardware', 'CPU')} (simulated, fitted)"
 
     def step_seconds(self, batch: StepBatch) -> float:
-        return max(0.0, sum(c * x for c, x in zip(self.coefficients, features(batch), strict=True)))
+        coefficients = self.prefill if batch.prefills else self.decode
+        return max(0.0, sum(c * x for c, x in zip(coefficients, features(batch), strict=True)))
 
     def kv_cache_bytes(self, max_num_batched_tokens: int, max_num_seqs: int) -> int:
         return int(self.table.get("kv_cache_bytes", 256 << 20))
