@@ -111,6 +111,10 @@ class Device(Protocol):
 def _package() -> Any:
     # Imported when a simulated device is built: a reference or vLLM worker
     # never pays for the kernel database (pandas, pyarrow, the Rust core).
+    # Loading a database warns about every low-fidelity table it holds (MLA,
+    # sparse attention: other model families' kernels), six lines per load in
+    # every worker's and Celery's log; errors still show.
+    logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
     try:
         import aiconfigurator_core.sdk as sdk
     except ImportError as exc:  # pragma: no cover - it is a dependency
