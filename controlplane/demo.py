@@ -223,7 +223,9 @@ def processes(ctx: DemoContext) -> list[ProcessSpec]:
         gateway_demo.process_spec(ctx, port=ctx.gateway_port),
     ]
     if ctx.model_dir is not None:
-        for name, pool, count in DEMO_SIM_WORKERS:
+        workers = [(name, pool, count, "sim") for name, pool, count in DEMO_SIM_WORKERS]
+        workers += [(name, pool, 1, "reference") for name, pool in DEMO_WORKERS]
+        for name, pool, count, engine in workers:
             port = free_port(count)
             enrollment = Enrollment(
                 ctx.url,
@@ -232,49 +234,20 @@ def processes(ctx: DemoContext) -> list[ProcessSpec]:
                 ctx.data_dir / "demo" / f"{name}.json",
                 labels={"demo_pool": pool},
             )
-            specs.append(
-                ProcessSpec(
-                    name,
-                    worker_argv(
-                        ctx.model_dir,
-                        port,
-                        engine="sim",
-                        max_model_len=SIM_MAX_MODEL_LEN,
-                        host="127.0.0.1",
-                        enrollment=enrollment,
-                        extra=(*SIM_OPTIONS, "--served-model-name", SIM_MODEL, "--count", str(count)),
-                    ),
-                    env=env,
-                    ready_url=f"http://127.0.0.1:{port}/health",
-                    ready_on_any_status=True,
-                )
+            simulated = engine == "sim"
+            argv = worker_argv(
+                ctx.model_dir,
+                port,
+                max_model_len=SIM_MAX_MODEL_LEN if simulated else DEMO_MAX_MODEL_LEN,
+                engine=engine,
+                host="127.0.0.1",
+                enrollment=enrollment,
+                extra=(*SIM_OPTIONS, "--served-model-name", SIM_MODEL, "--count", str(count)) if simulated else (),
             )
-        for name, pool in DEMO_WORKERS:
-            port = free_port()
-            enrollment = Enrollment(
-                ctx.url,
-                ctx.enroll_tokens[pool],
-                name,
-                ctx.data_dir / "demo" / f"{name}.json",
-                labels={"demo_pool": pool},
-            )
+            # Up once its HTTP server answers; /health says 503 until the
+            # engine has loaded, which the fleet page shows as it happens.
             specs.append(
-                ProcessSpec(
-                    name,
-                    worker_argv(
-                        ctx.model_dir,
-                        port,
-                        max_model_len=DEMO_MAX_MODEL_LEN,
-                        engine="reference",
-                        host="127.0.0.1",
-                        enrollment=enrollment,
-                    ),
-                    env=env,
-                    # Up once its HTTP server answers; /health says 503 until the
-                    # engine has loaded, which the fleet page shows as it happens.
-                    ready_url=f"http://127.0.0.1:{port}/health",
-                    ready_on_any_status=True,
-                )
+                ProcessSpec(name, argv, env=env, ready_url=f"http://127.0.0.1:{port}/health", ready_on_any_status=True)
             )
         for name, model, rate in (
             ("traffic-gpu", SIM_MODEL, DEMO_GPU_TRAFFIC_RATE),
