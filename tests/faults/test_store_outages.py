@@ -35,6 +35,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
+from controlplane.demo import DEMO_SIM_WORKERS, DEMO_WORKERS, SIM_MODEL
 from tests.controlplane.test_demo import log_in
 from tests.dashboards.support import RECORD_SOCKETS, wait_for_socket
 from tests.faults.stores import OwnPostgres, OwnRedis
@@ -92,12 +93,16 @@ def _env(data_dir: Path, pg: OwnPostgres, redis_server: OwnRedis, port: int, gat
         CHUNKPILOT_GATEWAY_PORT=str(gateway_port),
         CHUNKPILOT_ADMIN_PASSWORD="faults-secret",
         CHUNKPILOT_DEMO_RATE="0",
+        CHUNKPILOT_DEMO_GPU_RATE="0",
         PYTHONUNBUFFERED="1",
         # Sweep every second, so that a false "unhealthy" would show at once.
         HEALTH_SWEEP_INTERVAL_SECONDS="1",
         GATEWAY_POLL_SECONDS="2",
     )
     return env
+
+
+DEMO_WORKER_COUNT = sum(count for _, _, count in DEMO_SIM_WORKERS) + len(DEMO_WORKERS)
 
 
 @pytest.fixture
@@ -124,7 +129,7 @@ def system(tmp_path: Path, tiny_model: Path) -> Iterator[System]:
             text=True,
         ).stdout.strip()
         wait_until(
-            lambda: pg.query("SELECT count(*) FROM fleet_worker WHERE state = %s", READY)[0][0] == 3,
+            lambda: pg.query("SELECT count(*) FROM fleet_worker WHERE state = %s", READY)[0][0] == DEMO_WORKER_COUNT,
             240,
             "every worker ready",
         )
@@ -134,7 +139,9 @@ def system(tmp_path: Path, tiny_model: Path) -> Iterator[System]:
             f"http://127.0.0.1:{port}",
             f"http://127.0.0.1:{gateway_port}",
             key,
-            tiny_model.name,
+            # The model whose routing table has a stable and a canary pool (the
+            # simulated H200s'); the tiny model's has its one pool only.
+            SIM_MODEL,
             token,
             pg,
             redis_server,
