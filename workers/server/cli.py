@@ -117,11 +117,12 @@ def _advertise_url(args: argparse.Namespace, port: int) -> str:
     return f"http://{host}:{port}"
 
 
-def _sim_hardware(spec: EngineSpec) -> Hardware:
+def _sim_device(spec: EngineSpec, cap: int | None) -> tuple[Hardware, int]:
+    """A simulated worker's hardware report and max length, from its device."""
     from workers.engines.sim.backend import spec_device  # only a simulated worker loads the kernel database
 
     device = spec_device(spec)
-    return Hardware(
+    hardware = Hardware(
         device="sim",
         name=device.name,
         num_devices=1,
@@ -130,13 +131,8 @@ def _sim_hardware(spec: EngineSpec) -> Hardware:
         simulated=True,
         sim=device.describe(),
     )
-
-
-def _sim_max_len(spec: EngineSpec, cap: int | None) -> int:
-    from workers.engines.sim.backend import spec_device  # only a simulated worker loads the kernel database
-
-    native = spec_device(spec).model_config.max_position_embeddings
-    return min(native, cap) if cap else native
+    native = device.model_config.max_position_embeddings
+    return hardware, min(native, cap) if cap else native
 
 
 def main(args: argparse.Namespace) -> int:
@@ -176,8 +172,8 @@ def main(args: argparse.Namespace) -> int:
         if args.engine == "sim":
             # A simulated device that cannot be built ends here, naming the option
             # and what is available: never a silent fall-back to other data.
-            hardware = _sim_hardware(spec)
-            max_model_len: int | None = _sim_max_len(spec, args.max_model_len)
+            hardware, sim_max_len = _sim_device(spec, args.max_model_len)
+            max_model_len: int | None = sim_max_len
             spec = dataclasses.replace(spec, max_model_len=max_model_len)
         else:
             max_model_len = _checkpoint_max_len(args.model, args.max_model_len)

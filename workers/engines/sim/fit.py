@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import platform
+import random
 import time
 from pathlib import Path
 from typing import Any
@@ -69,8 +70,6 @@ def fitting_workload(seed: int = 0) -> list[PlannedRequest]:
     short and long contexts, chunks from the first to the last of long
     prompts, and mixed steps. Lengths are spread, arrivals dense enough to
     batch, so the fit sees the ranges the validation workloads reach."""
-    import random
-
     rng = random.Random(seed)
     planned = []
     t = 0.0

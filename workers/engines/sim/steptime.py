@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from workers.engines.reference.config import ModelConfig
+from workers.engines.reference.memory import StepShape, transient_bytes
 
 log = logging.getLogger(__name__)
 
@@ -234,7 +235,7 @@ class AicDevice:
             ) from exc
 
     # one mixed step = shared (tokens, decodes) + context attention + decode attention
-    def _parts(self, kind: str, a: int, b: int, c: int) -> float:
+    def _parts(self, kind: str, a: int, b: int) -> float:
         e = self._engine
         if kind == "shared":  # a: context tokens, b: decodes
             return float(e.mixed_step_breakdown(a, b, max(a, 1), 2)[1])
@@ -249,12 +250,12 @@ class AicDevice:
         decodes = batch.num_decodes
         mean_kv = _round_up(round(sum(batch.decode_kv_lens) / decodes), 16) if decodes else 0
         if not batch.prefills:
-            return self._cached("decode_only", decodes, mean_kv, 0) / 1e3 if decodes else 0.0
-        ms = self._cached("shared", batch.prefill_tokens, decodes, 0)
+            return self._cached("decode_only", decodes, mean_kv) / 1e3 if decodes else 0.0
+        ms = self._cached("shared", batch.prefill_tokens, decodes)
         for start, n in batch.prefills:
-            ms += self._cached("context", n, _round_up(start, 16), 0)
+            ms += self._cached("context", n, _round_up(start, 16))
         if decodes:
-            ms += self._cached("decode", decodes, mean_kv, 0)
+            ms += self._cached("decode", decodes, mean_kv)
         return ms / 1e3
 
     def kv_cache_bytes(self, max_num_batched_tokens: int, max_num_seqs: int) -> int:
@@ -262,8 +263,6 @@ class AicDevice:
         return max(0, usable - self.activation_bytes(max_num_batched_tokens, max_num_seqs))
 
     def activation_bytes(self, max_num_batched_tokens: int, max_num_seqs: int) -> int:
-        from workers.engines.reference.memory import StepShape, transient_bytes
-
         shape = StepShape(
             num_tokens=max_num_batched_tokens, num_sampled=max_num_seqs, num_prefill_tokens=max_num_batched_tokens
         )

@@ -12,6 +12,7 @@ worker's /metrics use.
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -132,8 +133,6 @@ def closed_loop(
     that finishes replaced at once (a steady state, as AIConfigurator's
     aggregated-serving estimate assumes), until ``num_requests`` have run.
     Prompts share no prefix."""
-    import random
-
     rng = random.Random(seed)
     vocab = list(range(100, engine.config.vocab_size))
     recorder = Recorder()
