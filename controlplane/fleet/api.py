@@ -35,14 +35,8 @@ from controlplane.accounts.inputs import StrictModelSerializer, query_id_or_name
 from controlplane.accounts.roles import Role
 from controlplane.audit.api import AuditedMixin, AuditedModelViewSet, AuditedSerializer
 from controlplane.fleet.health import WorkerState
-from controlplane.fleet.heartbeat import heartbeat_response
-from controlplane.fleet.models import (
-    EnrollmentRefused,
-    EnrollmentToken,
-    Pool,
-    Worker,
-    heartbeat_interval_seconds,
-)
+from controlplane.fleet.heartbeat import heartbeat_interval_seconds, heartbeat_response
+from controlplane.fleet.models import EnrollmentRefused, EnrollmentToken, Pool, Worker
 from controlplane.profiles.models import ProfileRevision
 from workers import contract
 from workers.profile import ENGINE_KINDS
@@ -457,13 +451,12 @@ class AgentRegisterView(APIView):
             # that carries one but breaks the contract is 400 by field.
             raise exceptions.NotAuthenticated("an enrollment token (enroll_token) is required.")
         req = contract.parse_register(request.data)
+        interval_seconds = heartbeat_interval_seconds()  # grows with the fleet; the worker row records it
         try:
-            worker, secret = Worker.register(req)
+            worker, secret = Worker.register(req, heartbeat_interval_seconds=interval_seconds)
         except EnrollmentRefused as exc:
             raise exceptions.AuthenticationFailed(str(exc)) from exc
-        reply = contract.RegisterReply(
-            worker_id=worker.pk, secret=secret, heartbeat_interval_seconds=heartbeat_interval_seconds()
-        )
+        reply = contract.RegisterReply(worker_id=worker.pk, secret=secret, heartbeat_interval_seconds=interval_seconds)
         return Response(reply, status=status.HTTP_201_CREATED)
 
     def get_authenticate_header(self, request: Request) -> str:

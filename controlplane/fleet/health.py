@@ -12,11 +12,18 @@ so a worker last heard from before the control plane's own last failure is
 judged on the silence since that failure, against a longer limit that
 covers the agents' longest backoff, and nothing is judged at all until a
 full heartbeat interval has passed since the failure.
+
+A large fleet is told to heartbeat less often (``fleet_heartbeat_interval``),
+so that the web tier's heartbeat load stays near a target rate; each worker
+is then judged against the interval it was told (``Thresholds.for_interval``):
+the same number of missed heartbeats, never a shorter silence than the
+configured limits.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from enum import IntEnum
 
@@ -59,6 +66,41 @@ class Thresholds:
     # interval, and silence through it is allowed the agents' backoff.
     heartbeat_interval_seconds: float = 0.0
     outage_grace_seconds: float = 0.0
+
+    def for_interval(self, interval_seconds: float | None) -> Thresholds:
+        """The limits for a worker told to heartbeat every ``interval_seconds``:
+        scaled with it from the base interval, so that a worker keeping to a
+        longer interval misses no more heartbeats before it is marked than one
+        at the base interval does. Never below the base limits; None (told
+        nothing yet) is the base interval."""
+        base = self.heartbeat_interval_seconds
+        if interval_seconds is None or base <= 0 or interval_seconds <= base:
+            return self
+        factor = interval_seconds / base
+        return replace(
+            self,
+            unhealthy_after_seconds=self.unhealthy_after_seconds * factor,
+            offline_after_seconds=self.offline_after_seconds * factor,
+            heartbeat_interval_seconds=interval_seconds,
+        )
+
+
+def fleet_heartbeat_interval(
+    num_workers: int, *, target_rate: float, floor_seconds: float, ceiling_seconds: float
+) -> float:
+    """The interval to tell every worker, so that ``num_workers`` heartbeat at
+    most ``target_rate`` times a second in all: never below ``floor_seconds``
+    (the configured interval, which small fleets keep), never above
+    ``ceiling_seconds`` (past it the rate exceeds the target: a dead worker
+    must still be noticed in time). Above the floor it is rounded up to whole
+    seconds, so the fleet holds few distinct intervals and a slowly growing
+    fleet does not change it at every enrollment."""
+    if target_rate <= 0:
+        return floor_seconds
+    needed_seconds = num_workers / target_rate
+    if needed_seconds <= floor_seconds:
+        return floor_seconds
+    return max(floor_seconds, min(ceiling_seconds, float(math.ceil(needed_seconds))))
 
 
 def liveness(

@@ -9,6 +9,13 @@ straight here, to a small pool of long-lived threads that keep their
 database connections; everything else goes to Django as usual. The DRF view
 (``AgentHeartbeatView``) calls the same ``heartbeat_response()``, so the test
 client, the OpenAPI document and the fast path cannot disagree.
+
+Every reply (and the enrollment's) tells the worker when to heartbeat next:
+``heartbeat_interval_seconds()``, which grows with the number of live
+workers so that the fleet's heartbeats stay near ``HEARTBEAT_TARGET_RATE``
+a second. The count is one query per process every few seconds, not one
+per heartbeat; the worker row records what it was told, and the health
+sweep judges its silence against that.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import asyncio
 import json
 import logging
 import threading
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -25,6 +33,7 @@ from django.db import DatabaseError, connection
 
 from controlplane import outages
 from controlplane.fleet import conf
+from controlplane.fleet.health import WorkerState, fleet_heartbeat_interval
 from controlplane.fleet.models import Worker
 from workers import contract
 
@@ -37,6 +46,49 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 UNAUTHORIZED_HEADERS = {"WWW-Authenticate": 'Bearer realm="worker"'}
 MAX_BODY_BYTES = 256 * 1024
+# How stale a process's count of the fleet may be: a fleet grows by
+# enrollments far slower than this, and a worker told an interval a little
+# short for the fleet it joined is told a better one on its next heartbeat.
+FLEET_COUNT_MAX_AGE_SECONDS = 5.0
+
+
+class _FleetCount:
+    """The number of workers that heartbeat (every one not offline), counted
+    at most once every FLEET_COUNT_MAX_AGE_SECONDS in this process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._num_workers = 0
+        self._counted_at: float | None = None
+
+    def get(self) -> int:
+        now = time.monotonic()
+        with self._lock:
+            if self._counted_at is not None and now - self._counted_at < FLEET_COUNT_MAX_AGE_SECONDS:
+                return self._num_workers
+        num_workers = Worker.objects.exclude(state=WorkerState.OFFLINE).count()
+        with self._lock:
+            self._num_workers, self._counted_at = num_workers, now
+        return num_workers
+
+    def forget(self) -> None:
+        """Count afresh next time (tests that grow a fleet between heartbeats)."""
+        with self._lock:
+            self._counted_at = None
+
+
+fleet_count = _FleetCount()
+
+
+def heartbeat_interval_seconds() -> float:
+    """The interval to tell a worker now: ``HEARTBEAT_INTERVAL_SECONDS``
+    while the fleet is small, longer as it grows (``health.fleet_heartbeat_interval``)."""
+    return fleet_heartbeat_interval(
+        fleet_count.get(),
+        target_rate=conf.HEARTBEAT_TARGET_RATE.get(),
+        floor_seconds=conf.HEARTBEAT_INTERVAL_SECONDS.get(),
+        ceiling_seconds=conf.HEARTBEAT_INTERVAL_MAX_SECONDS.get(),
+    )
 
 
 def heartbeat_response(authorization: str | None, body: bytes) -> tuple[int, dict[str, Any], dict[str, str]]:
@@ -59,7 +111,8 @@ def heartbeat_response(authorization: str | None, body: bytes) -> tuple[int, dic
     except contract.ContractError as exc:
         return 400, exc.errors, {}
     try:
-        return 200, dict(worker.record_heartbeat(hb)), {}
+        reply = worker.record_heartbeat(hb, heartbeat_interval_seconds=heartbeat_interval_seconds())
+        return 200, dict(reply), {}
     except DatabaseError:
         if not Worker.objects.filter(pk=worker.pk).exists():
             # deleted by an operator between authentication and update

@@ -64,10 +64,6 @@ ENROLLMENT_TOKEN_PREFIX = "cpe_"
 WORKER_SECRET_PREFIX = "cpw_"
 
 
-def heartbeat_interval_seconds() -> float:
-    return conf.HEARTBEAT_INTERVAL_SECONDS.get()
-
-
 def liveness_thresholds() -> Thresholds:
     return Thresholds(
         unhealthy_after_seconds=conf.WORKER_UNHEALTHY_AFTER_SECONDS.get(),
@@ -215,6 +211,11 @@ class Worker(audit.Audited, models.Model):
     cordoned = models.BooleanField(default=False, help_text="the gateway sends it no new requests")
     drain_requested = models.BooleanField(default=False, help_text="the agent is told to stop admitting")
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_interval_seconds = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="the interval it was last told to heartbeat at; the health sweep scales with it",
+    )
     load = models.JSONField(default=dict, blank=True)
 
     desired_revision = models.ForeignKey(
@@ -285,9 +286,12 @@ class Worker(audit.Audited, models.Model):
 
     # ---- agent contract -----------------------------------------------
     @classmethod
-    def register(cls, req: RegisterRequest, *, now: datetime | None = None) -> tuple[Worker, str]:
+    def register(
+        cls, req: RegisterRequest, *, now: datetime | None = None, heartbeat_interval_seconds: float | None = None
+    ) -> tuple[Worker, str]:
         """Enroll a worker (or re-enroll one that restarted: same name, same
-        row, new secret). Returns the worker and its secret, which is shown
+        row, new secret), recording the heartbeat interval it is told (None:
+        the base interval). Returns the worker and its secret, which is shown
         once. Raises EnrollmentRefused."""
         now = now or timezone.now()
         secret = new_secret(WORKER_SECRET_PREFIX)
@@ -308,6 +312,7 @@ class Worker(audit.Audited, models.Model):
             worker.enrollment_token = token
             worker.secret_hash = secret.hash
             worker.registered_at = now
+            worker.heartbeat_interval_seconds = heartbeat_interval_seconds
             worker.state = WorkerState.REGISTERING
             worker.state_changed_at = now
             worker.drift_since = drift_since(
@@ -325,9 +330,13 @@ class Worker(audit.Audited, models.Model):
         except cls.DoesNotExist:
             return None
 
-    def record_heartbeat(self, hb: HeartbeatRequest, *, now: datetime | None = None) -> HeartbeatReply:
+    def record_heartbeat(
+        self, hb: HeartbeatRequest, *, now: datetime | None = None, heartbeat_interval_seconds: float | None = None
+    ) -> HeartbeatReply:
         """Take in one heartbeat: state, load, what it runs. Returns the reply
-        that tells the agent what to run and whether to drain.
+        that tells the agent what to run, whether to drain, and when to
+        heartbeat next (``heartbeat_interval_seconds``, recorded: the health
+        sweep judges the worker's next silence by it; None: the base interval).
 
         One UPDATE; the dashboard hears of it only when something it shows
         (state, running revision, drift) changed."""
@@ -347,6 +356,7 @@ class Worker(audit.Audited, models.Model):
             self.running_revision_id = running_id
         self.drift_since = drift_since(self.drift_since, self.effective_desired_revision_id(), running_id, now)
         self.last_heartbeat_at = now
+        self.heartbeat_interval_seconds = heartbeat_interval_seconds
         self.load = dict(hb["load"])
         if hb["hardware"]:
             self.hardware = dict(hb["hardware"])
@@ -372,6 +382,7 @@ class Worker(audit.Audited, models.Model):
                     "running_revision",
                     "drift_since",
                     "last_heartbeat_at",
+                    "heartbeat_interval_seconds",
                     "load",
                     "hardware",
                     "running_profile",
@@ -420,7 +431,7 @@ class Worker(audit.Audited, models.Model):
             worker_id=self.pk,
             desired=self.desired_revision_for_agent(),
             drain=self.drain_requested,
-            heartbeat_interval_seconds=heartbeat_interval_seconds(),
+            heartbeat_interval_seconds=heartbeat_interval_seconds or conf.HEARTBEAT_INTERVAL_SECONDS.get(),
         )
 
     # ---- operator actions ---------------------------------------------
@@ -483,23 +494,29 @@ class Worker(audit.Audited, models.Model):
         conditional update (the worker may heartbeat meanwhile, and two
         sweeps may run at once) and writes one audit row. Silence while the
         control plane itself could not record heartbeats does not count
-        (``health.liveness``).
+        (``health.liveness``). Each worker is judged against the heartbeat
+        interval it was last told (``Thresholds.for_interval``): one silence
+        condition per distinct interval, a handful in a fleet.
         Returns (worker id, from, to) for each transition made."""
         now = now or timezone.now()
         limits = liveness_thresholds()
         failed_at = control_plane_failed_at()
-        unhealthy_before = now - timedelta(seconds=limits.unhealthy_after_seconds)
-        last_seen = Coalesce("last_heartbeat_at", "registered_at")
+        not_offline = cls.objects.exclude(state=WorkerState.OFFLINE)
+        silent = Q(pk__in=[])
+        for interval in set(not_offline.order_by().values_list("heartbeat_interval_seconds", flat=True).distinct()):
+            unhealthy_before = now - timedelta(seconds=limits.for_interval(interval).unhealthy_after_seconds)
+            # interval=None filters IS NULL: told nothing yet, the base limits
+            silent |= Q(heartbeat_interval_seconds=interval, last_seen__lte=unhealthy_before)
         candidates = (
-            cls.objects.annotate(last_seen=last_seen)
-            .filter(last_seen__lte=unhealthy_before)
-            .exclude(state=WorkerState.OFFLINE)
-            .only("id", "name", "state", "last_heartbeat_at", "registered_at")
+            not_offline.annotate(last_seen=Coalesce("last_heartbeat_at", "registered_at"))
+            .filter(silent)
+            .only("id", "name", "state", "last_heartbeat_at", "registered_at", "heartbeat_interval_seconds")
         )
         transitions = []
         for worker in candidates:
             current = WorkerState(worker.state)
-            target = liveness(current, worker.last_seen, now, limits, failed_at)
+            worker_limits = limits.for_interval(worker.heartbeat_interval_seconds)
+            target = liveness(current, worker.last_seen, now, worker_limits, failed_at)
             if target == current:
                 continue
             with transaction.atomic():

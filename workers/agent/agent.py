@@ -11,6 +11,10 @@ heartbeat (``apply_error``).
 
 The control plane being unreachable changes nothing on the worker: it keeps
 serving with the profile it has, and retries with capped backoff.
+
+Each reply also says when to heartbeat next: a large fleet is told a longer
+interval than a small one. The agent keeps to it within sane bounds, and to
+its own interval when the reply says none (an older control plane).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from workers.agent.client import ControlPlaneClient, ControlPlaneError, Unauthorized, Unreachable
+from workers.agent.client import NO_INTERVAL, ControlPlaneClient, ControlPlaneError, Unauthorized, Unreachable
 from workers.contract import (
     CONTRACT_VERSION,
     Hardware,
@@ -39,6 +43,10 @@ from workers.server.host import ApplyError, EngineHost, RunningProfile
 log = logging.getLogger(__name__)
 
 MAX_BACKOFF_SECONDS = 30.0
+# However a reply is garbled, the agent neither floods the control plane nor
+# goes silent for long enough to be taken for dead by any sane sweep.
+MIN_HEARTBEAT_INTERVAL_SECONDS = 0.1
+MAX_HEARTBEAT_INTERVAL_SECONDS = 60.0
 
 
 class Agent:
@@ -69,6 +77,7 @@ class Agent:
         self.hardware = hardware
         self.labels = labels or {}
         self.state_file = state_file
+        self.own_interval = heartbeat_interval_seconds
         self.interval = heartbeat_interval_seconds
         self.worker_id: int | None = None
         self.secret: str | None = None
@@ -194,7 +203,7 @@ class Agent:
             raise Unauthorized("no worker secret and no enrollment token")
         reply = await self.client.register(self.register_request())
         self.worker_id, self.secret = reply["worker_id"], reply["secret"]
-        self.interval = reply["heartbeat_interval_seconds"]
+        self.interval = self._told_interval(reply["heartbeat_interval_seconds"])
         self.reachable = True
         self._save_state()
         log.info("registered with %s as worker %s", self.client.base_url, self.worker_id)
@@ -206,10 +215,16 @@ class Agent:
             log.info("control plane reachable at %s", self.client.base_url)
         self.reachable = True
         self.last_reply = reply
-        self.interval = reply["heartbeat_interval_seconds"]
+        self.interval = self._told_interval(reply["heartbeat_interval_seconds"])
         self.host.set_operator_drain(reply["drain"])
         self._reconcile(reply["desired"])
         return reply
+
+    def _told_interval(self, seconds: float) -> float:
+        """The interval a reply named, bounded; none named (NO_INTERVAL): our own."""
+        if seconds == NO_INTERVAL:
+            return self.own_interval
+        return min(max(seconds, MIN_HEARTBEAT_INTERVAL_SECONDS), MAX_HEARTBEAT_INTERVAL_SECONDS)
 
     def _reconcile(self, desired: ProfileRef | None) -> None:
         if desired is None or (self._apply_task is not None and not self._apply_task.done()):

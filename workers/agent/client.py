@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import httpx
@@ -14,6 +15,18 @@ from workers.contract import (
     RegisterReply,
     RegisterRequest,
 )
+
+# A reply that says no interval (an older control plane, or a garbled value):
+# the agent keeps its own.
+NO_INTERVAL = 0.0
+
+
+def interval_of(data: dict[str, Any]) -> float:
+    """The reply's ``heartbeat_interval_seconds``: a positive finite number, else NO_INTERVAL."""
+    value = data.get("heartbeat_interval_seconds")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        return NO_INTERVAL
+    return float(value)
 
 
 class ControlPlaneError(RuntimeError):
@@ -61,7 +74,7 @@ class ControlPlaneClient:
         return RegisterReply(
             worker_id=int(data["worker_id"]),
             secret=data["secret"],
-            heartbeat_interval_seconds=float(data.get("heartbeat_interval_seconds", 5.0)),
+            heartbeat_interval_seconds=interval_of(data),
         )
 
     async def heartbeat(self, secret: str, request: HeartbeatRequest) -> HeartbeatReply:
@@ -72,5 +85,5 @@ class ControlPlaneClient:
             worker_id=int(data.get("worker_id", 0)),
             desired=data.get("desired"),
             drain=bool(data.get("drain", False)),
-            heartbeat_interval_seconds=float(data.get("heartbeat_interval_seconds", 5.0)),
+            heartbeat_interval_seconds=interval_of(data),
         )

@@ -30,7 +30,7 @@ from workers.contract import (
 @dataclass
 class FakeControlPlane:
     tokens: set[str] = field(default_factory=lambda: {"enroll-1"})
-    heartbeat_interval_seconds: float = 0.2
+    heartbeat_interval_seconds: float | None = 0.2  # None: the replies carry none, as an older control plane's
     desired: dict[str, Any] | None = None
     drain: bool = False
     registrations: list[dict[str, Any]] = field(default_factory=list)
@@ -50,6 +50,11 @@ class FakeControlPlane:
         with self.lock:
             return [(h["state"], h["running_revision_id"]) for h in self.heartbeats[index:]]
 
+    def _with_interval(self, reply: dict[str, Any]) -> dict[str, Any]:
+        if self.heartbeat_interval_seconds is not None:
+            reply["heartbeat_interval_seconds"] = self.heartbeat_interval_seconds
+        return reply
+
     def app(self) -> Starlette:
         async def register(request: Request) -> JSONResponse:
             try:
@@ -64,14 +69,7 @@ class FakeControlPlane:
                 secret = secrets.token_urlsafe(16)
                 self.secrets[secret] = worker_id
                 self.registrations.append(dict(data))
-            return JSONResponse(
-                {
-                    "worker_id": worker_id,
-                    "secret": secret,
-                    "heartbeat_interval_seconds": self.heartbeat_interval_seconds,
-                },
-                status_code=201,
-            )
+            return JSONResponse(self._with_interval({"worker_id": worker_id, "secret": secret}), status_code=201)
 
         async def heartbeat(request: Request) -> JSONResponse:
             auth = request.headers.get("authorization", "")
@@ -84,12 +82,7 @@ class FakeControlPlane:
                 return JSONResponse({"errors": exc.errors}, status_code=400)
             with self.lock:
                 self.heartbeats.append(dict(data))
-                reply = {
-                    "worker_id": worker_id,
-                    "desired": self.desired,
-                    "drain": self.drain,
-                    "heartbeat_interval_seconds": self.heartbeat_interval_seconds,
-                }
+                reply = self._with_interval({"worker_id": worker_id, "desired": self.desired, "drain": self.drain})
             return JSONResponse(reply)
 
         return Starlette(
