@@ -43,7 +43,7 @@ import time
 from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from prometheus_client import (
     CollectorRegistry,
@@ -54,7 +54,10 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
+from prometheus_client.utils import floatToGoString
 
 from workers import figures
 from workers.engines import stream
@@ -296,11 +299,188 @@ class _LongSteps:
         return False
 
 
+# ---- the page, rendered once per change -------------------------------------------
+# A worker's page is ~2,300 lines, most of them histogram buckets that no
+# request touched since the last scrape; prometheus_client's generic
+# exposition formats every one of them every 5 s (~18 ms a page), which at
+# hundreds of simulated workers per machine was the machine's whole budget.
+# The exporter's own families keep their text and re-format only the children
+# written since (a histogram child's lines after an observe); prometheus_client
+# stays the store and the format's author: a child's values are its own
+# ``_child_samples()``, printed after the line prefixes that ``generate_latest``
+# rendered for that child once. The output is byte for byte the generic one
+# (tests/workers/server/test_metrics_page.py).
+
+
+class _Families:
+    """Metric families as a collector, for ``generate_latest``."""
+
+    def __init__(self, families: Iterable[Metric]):
+        self.families = families
+
+    def collect(self) -> Iterable[Metric]:
+        return self.families
+
+
+class _Cached(MetricWrapperBase):
+    """A Counter, Gauge or Histogram (mixed in before it) that keeps its text.
+
+    A write marks its child stale after the value lands; a render clears the
+    mark before it reads the values, so a write that races a render is
+    rendered next time, never lost. Renders of one exporter hold its lock.
+    ``num_renders`` counts the family's re-renders (and a child's its own)."""
+
+    _stale = True
+    _prefixes: tuple[str, ...] = ()
+    _lines = ""
+    _children: tuple[_Cached, ...] = ()
+    _text = b""
+    _header = ""
+    num_renders = 0
+
+    def _changed(self) -> None:
+        self._stale = True
+
+    def exposition(self) -> bytes:
+        """The family's text, as ``generate_latest`` of this metric alone would print it."""
+        children: tuple[_Cached, ...] = (self,)
+        if self._is_parent():
+            with self._lock:
+                children = tuple(cast("dict[Any, _Cached]", self._metrics).values())
+        changed = children != self._children
+        for child in children:
+            if child._stale:
+                child._render_lines()
+                changed = True
+        if changed or not self._header:
+            if not self._header:
+                self._header = generate_latest(_Families(self.describe())).decode()
+            self._children = children
+            self._text = (self._header + "".join(child._lines for child in children)).encode()
+            self.num_renders += 1
+        return self._text
+
+    def named(self, names: frozenset[str]) -> bool:
+        """Whether ``_named(names)`` keeps this family (the ``?name[]=`` filter)."""
+        if self._name in names:
+            return True
+        has_samples = not self._is_parent() or bool(self._metrics)
+        suffixes = _SAMPLE_SUFFIXES.get(self._type or "", ())
+        return has_samples and any(self._name + suffix in names for suffix in suffixes)
+
+    def _render_lines(self) -> None:
+        self._stale = False
+        values = self._value_texts()
+        if len(values) != len(self._prefixes):
+            self._prefixes = self._line_prefixes(tuple(self._child_samples()))
+        self._lines = "".join([f"{prefix}{value}\n" for prefix, value in zip(self._prefixes, values, strict=True)])
+        self.num_renders += 1
+
+    def _value_texts(self) -> list[str]:
+        """The child's sample values as its exposition prints them, in its order."""
+        return [floatToGoString(s.value) for s in self._child_samples()]
+
+    def _line_prefixes(self, samples: Sequence[Sample]) -> tuple[str, ...]:
+        """Each sample's line up to its value, as prometheus_client prints it."""
+        family = next(iter(self.describe()))
+        labels = dict(zip(self._labelnames, self._labelvalues, strict=True))
+        for s in samples:
+            family.add_sample(self._name + s.name, {**labels, **s.labels}, s.value)
+        lines = generate_latest(_Families([family])).decode().splitlines()[2:]  # after HELP and TYPE
+        return tuple(line.rpartition(" ")[0] + " " for line in lines)
+
+
+# The sample names of a family, by type (``_created`` is off: ``disable_created_metrics`` above).
+_SAMPLE_SUFFIXES = {"counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_count", "_sum")}
+
+
+class CachedHistogram(_Cached, Histogram):
+    def observe(self, amount: float, exemplar: dict[str, str] | None = None) -> None:
+        super().observe(amount, exemplar)
+        self._changed()
+
+    def _value_texts(self) -> list[str]:
+        # ``Histogram._child_samples`` without its Sample objects and ``le``
+        # labels (two thirds of a re-render): the cumulative bucket counts,
+        # the count, the sum. A count's text is looked up: a page repeats a
+        # few dozen of them.
+        texts = _COUNT_TEXTS
+        if len(texts) >= _MAX_NUM_COUNT_TEXTS:
+            texts.clear()
+        out: list[str] = []
+        count = 0.0
+        for bucket in self._buckets:
+            count += bucket.get()
+            text = texts.get(count)
+            if text is None:
+                text = texts[count] = floatToGoString(count)
+            out.append(text)
+        out.append(out[-1])
+        if self._upper_bounds[0] >= 0:
+            out.append(floatToGoString(self._sum.get()))
+        return out
+
+
+# Bucket counts' texts (whole numbers from 0 up: never NaN, never -0.0, so a float key is safe).
+_COUNT_TEXTS: dict[float, str] = {}
+_MAX_NUM_COUNT_TEXTS = 100_000
+
+
+class CachedCounter(_Cached, Counter):
+    def inc(self, amount: float = 1, exemplar: dict[str, str] | None = None) -> None:
+        super().inc(amount, exemplar)
+        self._changed()
+
+    def reset(self) -> None:
+        super().reset()
+        self._changed()
+
+
+class CachedGauge(_Cached, Gauge):
+    def inc(self, amount: float = 1) -> None:
+        super().inc(amount)
+        self._changed()
+
+    def dec(self, amount: float = 1) -> None:
+        super().dec(amount)
+        self._changed()
+
+    def set(self, value: float) -> None:
+        super().set(value)
+        self._changed()
+
+
+class _Registry(CollectorRegistry):
+    """A registry that lists its collectors in the order it collects them."""
+
+    def __init__(self, auto_describe: bool = False):
+        super().__init__(auto_describe=auto_describe)
+        self.collectors: list[Any] = []
+
+    def register(self, collector: Collector) -> None:
+        super().register(collector)
+        self.collectors.append(collector)
+
+    def unregister(self, collector: Collector) -> None:
+        super().unregister(collector)
+        self.collectors.remove(collector)
+
+
+_CACHED_TYPES = frozenset({CachedHistogram, CachedCounter, CachedGauge})
+
+
+def _exposition(collector: Any, names: frozenset[str]) -> bytes:
+    if type(collector) in _CACHED_TYPES:  # (isinstance goes through Collector's Protocol check: slower)
+        return collector.exposition() if not names or collector.named(names) else b""
+    return generate_latest(_FamilyFilter(collector, _named(names)) if names else collector)
+
+
 class MetricsExporter:
     def __init__(self, *, model_name: str, max_model_len: int, clock: Callable[[], float] = time.monotonic):
         self.model_name = model_name
         self.clock = clock
         self._lock = threading.Lock()
+        self._render_lock = threading.Lock()
         self._labels = (model_name, "0")
         self._load: Callable[[], EngineLoad] | None = None
         self._native: Any = None  # the engine's own vllm:* registry, when it has one
@@ -309,11 +489,11 @@ class MetricsExporter:
         self.long_prefill_tokens = figures.long_prefill_tokens(max_model_len)
 
         # ---- chunkpilot:* -----------------------------------------------
-        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry = _Registry(auto_describe=True)
         r = self.registry
 
         def fine(name: str, doc: str, buckets: tuple[float, ...] = FINE_LATENCY_BUCKETS) -> Any:
-            return Histogram(name, doc, LABELS, buckets=buckets, registry=r).labels(*self._labels)
+            return CachedHistogram(name, doc, LABELS, buckets=buckets, registry=r).labels(*self._labels)
 
         # What the client sees: from the written SSE events (a whole reply: the engine's token times).
         self.ttft = fine(
@@ -348,23 +528,23 @@ class MetricsExporter:
         # engines' own histograms too. Every bucket's series exists from the
         # start, so a scrape's layout does not change when a new length shows up.
         self.by_prompt = {
-            name: Histogram(name, doc, [*LABELS, "prompt_bucket"], buckets=buckets, registry=r)
+            name: CachedHistogram(name, doc, [*LABELS, "prompt_bucket"], buckets=buckets, registry=r)
             for name, doc, buckets in BY_PROMPT_HISTOGRAMS
         }
         for histogram in self.by_prompt.values():
             for bucket, _ in figures.PROMPT_BUCKETS:
                 histogram.labels(*self._labels, bucket)
-        self.chunk_wait = Histogram(
+        self.chunk_wait = CachedHistogram(
             "chunkpilot:prefill_chunk_wait_seconds",
             "Per prefill chunk, how long its request waited, schedulable, before it ran.",
             LABELS,
             buckets=CHUNK_WAIT_BUCKETS,
             registry=r,
         ).labels(*self._labels)
-        self.step_tokens = Counter(
+        self.step_tokens = CachedCounter(
             "chunkpilot:step_tokens", "Tokens run by engine steps, by kind.", [*LABELS, "kind"], registry=r
         )
-        self.steps = Counter("chunkpilot:steps", "Engine steps.", LABELS, registry=r).labels(*self._labels)
+        self.steps = CachedCounter("chunkpilot:steps", "Engine steps.", LABELS, registry=r).labels(*self._labels)
         # Head-of-line blocking, per request: the gap between two consecutive
         # tokens of one request as delivered (written times; a whole reply's
         # engine times), split by whether a step that ran a long prefill
@@ -380,19 +560,19 @@ class MetricsExporter:
             "Per pair of consecutive tokens of one request as delivered, the gap between them when no long prefill "
             "ran during it.",
         )
-        self.long_prefill_steps = Counter(
+        self.long_prefill_steps = CachedCounter(
             "chunkpilot:long_prefill_steps",
             "Engine steps during which a prefill of more than chunkpilot:long_prefill_tokens tokens ran.",
             LABELS,
             registry=r,
         ).labels(*self._labels)
-        self.prefill_seconds = Counter(
+        self.prefill_seconds = CachedCounter(
             "chunkpilot:prefill_seconds",
             "Step time spent on prefill tokens (each step's duration times its prefill share of tokens).",
             LABELS,
             registry=r,
         ).labels(*self._labels)
-        self.profile_info = Gauge(
+        self.profile_info = CachedGauge(
             "chunkpilot:profile_info",
             "The engine profile running now (value 1).",
             [*LABELS, "engine_kind", "profile", "revision", "prefill_mode", "budget", "chunk_cap"],
@@ -401,14 +581,14 @@ class MetricsExporter:
         r.register(_HeldFigures(self))
 
         # ---- vllm:* computed from records (engines without their own) -----
-        self.vllm_registry = CollectorRegistry(auto_describe=True)
+        self.vllm_registry = _Registry(auto_describe=True)
         v = self.vllm_registry
 
         def hist(name: str, doc: str, buckets: Iterable[float]) -> Any:
-            return Histogram(name, doc, LABELS, buckets=list(buckets), registry=v).labels(*self._labels)
+            return CachedHistogram(name, doc, LABELS, buckets=list(buckets), registry=v).labels(*self._labels)
 
         def counter(name: str, doc: str) -> Any:
-            return Counter(name, doc, LABELS, registry=v).labels(*self._labels)
+            return CachedCounter(name, doc, LABELS, registry=v).labels(*self._labels)
 
         tokens = request_token_buckets(max_model_len)
         self.v_ttft = hist(
@@ -461,7 +641,7 @@ class MetricsExporter:
             "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens."
         )
         self.v_cache_hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
-        self.v_success = Counter(
+        self.v_success = CachedCounter(
             "vllm:request_success",
             "Count of successfully processed requests.",
             [*LABELS, "finished_reason"],
@@ -516,7 +696,20 @@ class MetricsExporter:
     def render(self, names: Iterable[str] = ()) -> bytes:
         """Every family, or only those named (``/metrics?name[]=…``, as
         prometheus_client's own exposition filters): a caller that samples
-        one gauge every few seconds neither renders nor parses the rest."""
+        one gauge every few seconds neither renders nor parses the rest.
+        The exporter's own families re-render only what changed since the
+        last render (``_Cached``); the scrape-time ones (held figures, load
+        gauges, an engine's own vLLM registry) render every time."""
+        wanted = frozenset(names)
+        collectors: list[Any] = list(self.registry.collectors)
+        collectors.extend([self._native] if self._native is not None else self.vllm_registry.collectors)
+        with self._render_lock:
+            return b"".join([_exposition(collector, wanted) for collector in collectors])
+
+    def render_uncached(self, names: Iterable[str] = ()) -> bytes:
+        """``render`` by prometheus_client's generic exposition of every family:
+        the same bytes, the cost the cache saves (tests and
+        ``python -m workers bench-metrics-page`` compare the two)."""
         sources: list[Any] = [self.registry]
         sources.append(self._native if self._native is not None else self.vllm_registry)
         wanted = frozenset(names)
