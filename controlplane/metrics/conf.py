@@ -16,6 +16,12 @@ SCRAPE_TIMEOUT_SECONDS = Tunable(
     "one scrape round's timeout; 0: derived from the interval",
     shown_default="0.8 × interval (0.5–10)",
 )
+SCRAPE_SHARD_SIZE = Tunable(
+    "SCRAPE_SHARD_SIZE",
+    100,
+    "the most workers one Celery task of a scrape round fetches, parses and stores (about 12 ms of CPU each); "
+    "a larger fleet's round is split into shards that several Celery processes share",
+)
 
 METRICS_BACKEND = Tunable(
     "METRICS_BACKEND",

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 from django.db import models, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from controlplane import audit
@@ -167,12 +168,19 @@ class ScrapeStatus(models.Model):
 
 class ScrapeRound(models.Model):
     """One tick of the scraper: when, how many answered. Dashboards read the
-    latest to say how fresh they are."""
+    latest to say how fresh they are.
+
+    A round's targets are split into shards, each a Celery task of its own
+    (``metrics.scrape_shard``; the tick runs the first); each shard adds its failures as it ends, and the
+    last to end finishes the round, so ``finished_at - started_at`` is the
+    whole round's duration."""
 
     started_at = models.DateTimeField(db_index=True)
     finished_at = models.DateTimeField(null=True)
     num_targets = models.PositiveIntegerField(default=0)
     num_failed = models.PositiveIntegerField(default=0)
+    num_shards = models.PositiveIntegerField(default=1)
+    num_shards_done = models.PositiveIntegerField(default=0)
 
     class Meta:
         ordering = ["-started_at"]
@@ -180,6 +188,17 @@ class ScrapeRound(models.Model):
     @classmethod
     def latest(cls) -> ScrapeRound | None:
         return cls.objects.filter(finished_at__isnull=False).order_by("-started_at").first()
+
+    def finish_shard(self, num_failed: int, now: datetime) -> bool:
+        """Count one shard of this round done, with its failures; the last
+        shard finishes the round. True for the shard that finished it. Two
+        conditional updates, safe for shards ending at once in several
+        processes: each increment is atomic, and only one can set finished_at."""
+        rounds = ScrapeRound.objects.filter(pk=self.pk)
+        rounds.update(num_shards_done=F("num_shards_done") + 1, num_failed=F("num_failed") + num_failed)
+        finished = rounds.filter(finished_at__isnull=True, num_shards_done__gte=F("num_shards")).update(finished_at=now)
+        self.refresh_from_db(fields=["num_shards_done", "num_failed", "finished_at"])
+        return finished == 1
 
 
 class ServiceObjectives(models.Model):

@@ -1,27 +1,37 @@
 """The scraper: every ``SCRAPE_INTERVAL`` read each live worker's ``/metrics``
 and store one snapshot per worker.
 
-Phases, one ``now`` for the whole round (it is every sample's timestamp, as
-Prometheus stamps a target's samples with its scrape's start):
+A round is split into shards of at most ``SCRAPE_SHARD_SIZE`` workers
+(``start_round``), each a Celery task (``run_shard``), so that several Celery
+processes share a large fleet's parsing and storing (about 12 ms of CPU a
+worker: one process holds only ~330 workers in a 4-s timeout). The tick
+runs the first shard itself and queues the rest. The round's row counts its
+shards; the last to end finishes it (``ScrapeRound.finish_shard``) and tells
+the pages once.
 
-1. Fetch. Every worker at once (asyncio + httpx), each bounded by the
-   scrape timeout, so one that hangs delays nobody and misses this round.
+Phases of a shard, one ``now`` for the whole round (it is every sample's
+timestamp, as Prometheus stamps a target's samples with its scrape's start):
+
+1. Fetch. Every worker of the shard at once (asyncio + httpx), each bounded
+   by the scrape timeout, so one that hangs delays nobody and misses this round.
 2. Parse. Reduce each page to the kept series (``catalogue.parse``).
 3. Store, in one transaction holding the targets' row locks: fold each
    vector into its target's running totals, write the snapshot, upsert the
    minute rollup, record resets and every worker's scrape status (a worker
    that did not answer is marked down with why).
-4. Tell the metric pages, after commit: ``live.Event.METRICS_SCRAPED``, to the
-   fleet-wide group and each scraped worker's.
+4. Tell the metric pages, after commit, once the round's last shard has
+   ended: ``live.Event.METRICS_SCRAPED``, to the fleet-wide group and each
+   scraped worker's.
 
 With ``METRICS_BACKEND=prometheus`` there is no round: Prometheus scrapes the
 workers, and beat's tick only tells the pages (``announce_figures``), so they
 re-read their figures from it on the same cadence.
 
 Safe to run twice at once: a target refuses a sample not newer than its last.
-Beat's task still skips a tick while a round is in flight (``round_in_flight``),
-so a fleet whose round outgrows the interval does not fill every Celery
-process with rounds.
+Beat's task still skips a tick while a round (any of its shards) is in flight
+(``round_in_flight``), so a fleet whose round outgrows the interval does not
+fill every Celery process with rounds; and a shard that gets a process only
+after its round's time is up scrapes nothing and just counts itself done.
 """
 
 from __future__ import annotations
@@ -130,13 +140,16 @@ def _run(coroutine: Coroutine[Any, Any, T]) -> T:
 # ---- the round ----------------------------------------------------------------------
 
 
-def jobs_for_fleet() -> list[Job]:
-    """Every worker that should answer: ready, draining or applying a profile
-    (its server stays up meanwhile). Lost workers are left to the health sweep."""
+def jobs_for_fleet(worker_ids: Sequence[int] | None = None) -> list[Job]:
+    """Every worker that should answer (of ``worker_ids``, when given): ready,
+    draining or applying a profile (its server stays up meanwhile). Lost
+    workers are left to the health sweep."""
     cohorts = cohorts_by_pool()
     workers = Worker.objects.filter(
         state__in=[WorkerState.READY, WorkerState.DRAINING, WorkerState.APPLYING]
     ).select_related("pool")
+    if worker_ids is not None:
+        workers = workers.filter(pk__in=worker_ids)
     return [
         Job(w.pk, w.name, w.url, w.pool.name if w.pool else "", cohorts.get(w.pool_id, "") if w.pool_id else "")
         for w in workers
@@ -151,15 +164,21 @@ def cohorts_by_pool() -> dict[int, str]:
     return out
 
 
+def round_horizon() -> timedelta:
+    """How long after its start a round may still be running: an interval
+    plus its timeout. Past it, the round has died or is hopelessly late."""
+    return timedelta(seconds=conf.SCRAPE_INTERVAL.get() + scrape_timeout_seconds())
+
+
 def round_in_flight(now: datetime) -> ScrapeRound | None:
     """A round begun less than an interval plus its timeout ago and not yet
-    finished: beat's next tick skips rather than start a second one beside
-    it. Two at once are safe but not free: at 100 live workers on two cores
+    finished (a sharded round: not every shard has ended): beat's next tick
+    skips rather than start a second one beside it. Two at once are safe but not free: at 100 live workers on two cores
     bench_fleet saw rounds of 6-8 s every 5 s hold both Celery processes,
     and a rollout abort waited 3 s behind them for a process. One that
     began longer ago than that has died with its process, and no longer
     counts."""
-    horizon = now - timedelta(seconds=conf.SCRAPE_INTERVAL.get() + scrape_timeout_seconds())
+    horizon = now - round_horizon()
     return (
         ScrapeRound.objects.filter(finished_at__isnull=True, started_at__gt=horizon, started_at__lte=now)
         .order_by("-started_at")
@@ -168,9 +187,69 @@ def round_in_flight(now: datetime) -> ScrapeRound | None:
 
 
 def scrape_fleet(now: datetime | None = None, jobs: Sequence[Job] | None = None) -> ScrapeRound:
+    """One round in this process, unsharded: benches, tests and tools that
+    want the round done when this returns."""
     now = now or timezone.now()
     jobs = jobs_for_fleet() if jobs is None else list(jobs)
     scrape_round = ScrapeRound.objects.create(started_at=now, num_targets=len(jobs))
+    num_failed = _scrape(now, jobs)
+    scrape_round.finish_shard(num_failed, timezone.now())
+    _announce(now, [job.worker_id for job in jobs])
+    return scrape_round
+
+
+def start_round(now: datetime | None = None) -> tuple[ScrapeRound, list[list[int]]]:
+    """Begin a round over the fleet: its row, and its shards (worker ids, at
+    most ``SCRAPE_SHARD_SIZE`` each) for ``run_shard``. A fleet with no
+    worker to scrape makes a round that is finished at once."""
+    now = now or timezone.now()
+    worker_ids = [job.worker_id for job in jobs_for_fleet()]
+    size = max(1, conf.SCRAPE_SHARD_SIZE.get())
+    # As even as the shard size allows: 450 workers at 200 are 150 × 3, not 200 + 200 + 50.
+    num_shards = math.ceil(len(worker_ids) / size)
+    shards = [worker_ids[i::num_shards] for i in range(num_shards)]
+    scrape_round = ScrapeRound.objects.create(
+        started_at=now,
+        num_targets=len(worker_ids),
+        num_shards=num_shards,
+        finished_at=None if shards else timezone.now(),
+    )
+    return scrape_round, shards
+
+
+def run_shard(round_id: int, worker_ids: Sequence[int]) -> ScrapeRound | None:
+    """Scrape one shard of a round: these workers, at the round's ``now``.
+    Counts itself done on the round's row whatever happens (a shard that
+    raises counts its workers failed), so the round's bookkeeping closes;
+    the shard that ends the round tells the pages. None if the round is gone."""
+    scrape_round = ScrapeRound.objects.filter(pk=round_id).first()
+    if scrape_round is None:
+        return None
+    now = scrape_round.started_at
+    if timezone.now() - now > round_horizon():
+        # No Celery process was free in the round's time: the next round is
+        # due or running, and a sample this late would be refused anyway.
+        log.warning("scrape shard of %d workers too late for its round of %s; skipped", len(worker_ids), now)
+        _finish_shard(scrape_round, len(worker_ids))
+        return scrape_round
+    try:
+        num_failed = _scrape(now, jobs_for_fleet(worker_ids))
+    except Exception:
+        _finish_shard(scrape_round, len(worker_ids))
+        raise
+    _finish_shard(scrape_round, num_failed)
+    return scrape_round
+
+
+def _finish_shard(scrape_round: ScrapeRound, num_failed: int) -> None:
+    if scrape_round.finish_shard(num_failed, timezone.now()):
+        # Every worker this round asked, whichever shard asked it.
+        now = scrape_round.started_at
+        _announce(now, list(ScrapeStatus.objects.filter(last_attempt_at=now).values_list("worker_id", flat=True)))
+
+
+def _scrape(now: datetime, jobs: Sequence[Job]) -> int:
+    """Fetch, parse and store these workers' pages; how many failed."""
     fetched = _run(fetch_all(jobs, scrape_timeout_seconds())) if jobs else []
     parsed: list[tuple[Fetched, catalogue.Scrape | None, str]] = []
     for f in fetched:
@@ -181,12 +260,7 @@ def scrape_fleet(now: datetime | None = None, jobs: Sequence[Job] | None = None)
             parsed.append((f, catalogue.parse(f.text), ""))
         except Exception as exc:  # noqa: BLE001 - a garbled page marks that worker down
             parsed.append((f, None, f"unparsable metrics: {exc}"[:300]))
-    num_failed = record(now, parsed)
-    scrape_round.finished_at = timezone.now()
-    scrape_round.num_failed = num_failed
-    scrape_round.save(update_fields=["finished_at", "num_failed"])
-    _announce(now, [f.job.worker_id for f in fetched])
-    return scrape_round
+    return record(now, parsed)
 
 
 def announce_figures(now: datetime | None = None) -> list[int]:
