@@ -26,13 +26,16 @@ data, never zero — except counts of events that demonstrably did not happen
 
 from __future__ import annotations
 
+import hashlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Literal
+from functools import cached_property
+from typing import Literal, cast
 
 import numpy as np
+from numpy.typing import NDArray
 
 from controlplane.metrics import catalogue, promql
 from controlplane.metrics.catalogue import Layout
@@ -1226,3 +1229,110 @@ def group_by_choices(figure: Figure) -> tuple[str, ...]:
     if figure.source == "requests":
         return GROUP_BY_REQUESTS
     return (*GROUP_BY_SCRAPE, "length_bucket") if figure.by_prompt is not None else GROUP_BY_SCRAPE
+
+
+# ---- the series some figures read ---------------------------------------------------
+#
+# A stored vector holds every series of its layout (2,085 for a reference
+# worker); a page's figures read a few dozen. The database backend windows
+# only those (query.py): a figure finds its series by key
+# (``layout.index.get``) or by histogram (``layout.buckets``) and computes
+# every series alone, so over a ``Narrowed`` layout holding the series it
+# reads it computes the same numbers as over the whole one.
+
+
+@dataclass(frozen=True)
+class Narrowed(Layout):
+    """Some series of a stored layout, in its order. The digest joins the
+    stored layout's, so targets whose stored layouts differ sum apart in
+    ``Group.sums`` as they do at full width."""
+
+    source_digest: str = ""
+
+    @cached_property
+    def digest(self) -> str:
+        return hashlib.sha1("\n".join((self.source_digest, *self.keys)).encode()).hexdigest()
+
+
+class _Lookups(Mapping[str, int]):
+    """A layout's index that notes the position of every key looked up."""
+
+    def __init__(self, index: Mapping[str, int], probe: _Probe):
+        self._index = index
+        self._probe = probe
+
+    def __getitem__(self, key: str) -> int:
+        position = self._index[key]
+        self._probe.read.add(position)
+        return position
+
+    def __iter__(self) -> Iterator[str]:
+        self._probe.reads_all = True  # a walk over every key: no narrowing
+        return iter(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+
+class _Probe:
+    """Stands for a layout while figures are computed over zeros: notes the
+    positions they look up. Anything else asked of it (``keys``, ``len``)
+    fails, and the figures then read every series."""
+
+    def __init__(self, layout: Layout):
+        self.read: set[int] = set()
+        self.reads_all = False
+        self.digest = layout.digest
+        self.index = _Lookups(layout.index, self)
+        self._layout = layout
+
+    def buckets(self, histogram: str) -> list[tuple[float, int]]:
+        own = self._layout.buckets(histogram)
+        self.read.update(position for _, position in own)
+        return own
+
+
+def series_read(chosen: Sequence[Figure], layout: Layout, *, by_prompt: bool = False) -> NDArray[np.intp] | None:
+    """The positions in ``layout`` (ascending) of every series the scraped
+    figures ``chosen`` read (per prompt-length bucket with ``by_prompt``),
+    found by computing them once over zeros; None when one reads the layout
+    in a way the probe cannot follow (then every series counts)."""
+    probe = _Probe(layout)
+    zeros = TargetWindows({}, cast(Layout, probe), np.zeros((1, len(layout))), np.zeros(1), 60.0)
+    group = Group([zeros], 1)
+    try:
+        with np.errstate(all="ignore"):
+            for f in chosen:
+                if by_prompt:
+                    for label in catalogue.LENGTH_BUCKET_LABELS:
+                        f.from_group_by_prompt(group, label)
+                else:
+                    f.from_group(group)
+    except (AttributeError, TypeError):
+        return None
+    if probe.reads_all:
+        return None
+    return np.array(sorted(probe.read), dtype=np.intp)
+
+
+_NARROWED: dict[tuple[str, tuple[str, ...], bool], tuple[Layout, NDArray[np.intp] | None]] = {}
+
+
+def narrow(
+    layout: Layout, chosen: Sequence[Figure], *, by_prompt: bool = False
+) -> tuple[Layout, NDArray[np.intp] | None]:
+    """``layout`` cut to the series ``chosen`` read (``series_read``) and
+    their positions in it; ``(layout, None)`` when they read all of it.
+    Kept per layout and figures: a page asks the same few sets every time."""
+    key = (layout.digest, tuple(f.name for f in chosen), by_prompt)
+    hit = _NARROWED.get(key)
+    if hit is None:
+        columns = series_read(chosen, layout, by_prompt=by_prompt)
+        if columns is None or len(columns) == len(layout):
+            hit = (layout, None)
+        else:
+            hit = (Narrowed(tuple(layout.keys[i] for i in columns), source_digest=layout.digest), columns)
+        if len(_NARROWED) >= 1024:  # arbitrary API sets; pages' sets come right back
+            _NARROWED.clear()
+        _NARROWED[key] = hit
+    return hit

@@ -40,8 +40,9 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
+import zlib
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -49,6 +50,7 @@ from typing import Any
 import numpy as np
 from django.db.models import FloatField, Func, Max, OuterRef, Q, QuerySet, Subquery
 from django.utils import timezone
+from numpy.typing import NDArray
 
 from controlplane.gateway import bus
 from controlplane.gateway.inflight import STATUS_STREAM_TIMED_OUT
@@ -57,6 +59,7 @@ from controlplane.metrics import backends, catalogue, figures, promql
 from controlplane.metrics.backends import (
     BackendUnavailable as BackendUnavailable,  # the query layer's too
 )
+from controlplane.metrics.catalogue import Layout
 from controlplane.metrics.figures import Figure, Objectives, RequestRows, TargetWindows
 from controlplane.metrics.models import (
     RAW_RETENTION,
@@ -80,6 +83,36 @@ MAX_RANGE_POINTS = 1500
 STATUS_CLIENT_GONE = 499
 # Retention deletes the oldest raw minute while a window is read: keep clear.
 _RAW_MARGIN = timedelta(minutes=2)
+# The positions of the series a read windows (None: every one), and the
+# layout naming them: ``figures.narrow`` for the figures asked, or the whole
+# layout for a caller that reads everything (the alert reader, the advisor).
+Columns = NDArray[np.intp] | None
+Narrow = Callable[[Layout], tuple[Layout, Columns]]
+
+
+def _whole(layout: Layout) -> tuple[Layout, Columns]:
+    return layout, None
+
+
+def _cut(values: Floats, columns: Columns) -> Floats:
+    return values if columns is None else values[..., columns]
+
+
+def _unpack_through(blob: bytes | memoryview, columns: Columns) -> Floats:
+    """A stored vector, or only its values up to the last of ``columns``:
+    inflating stops there. A page's figures read series early in the layout
+    (the panel's end at 616 of 2,085), and inflating every window's two
+    16-KB vectors whole was most of a figures page's time."""
+    if columns is None:
+        return unpack(blob)
+    return np.frombuffer(zlib.decompressobj().decompress(bytes(blob), (int(columns[-1]) + 1) * 8), dtype=np.float64)
+
+
+def _whole_width(vector: Floats, layout: Layout, columns: Columns) -> bool:
+    """Whether a vector read by ``_unpack_through`` has its target's width
+    (the scraper stores every vector at its target's layout): of a prefix,
+    that it holds every column read."""
+    return len(vector) == (len(layout) if columns is None else int(columns[-1]) + 1)
 
 
 class QueryError(ValueError):
@@ -295,23 +328,32 @@ def _evaluate(
 def _scrape_from_database(
     scrape: Sequence[Figure], window: float, by: str, selector: Mapping[str, str], points: Floats, dense: bool
 ) -> dict[str, dict[str, list[float | None]]]:
-    """The database backend: scraped figures from the control plane's own snapshots and rollups."""
+    """The database backend: scraped figures from the control plane's own
+    snapshots and rollups, windowing only the series these figures read."""
     needs_peak = any(f.needs_peak_memory for f in scrape)
+    by_prompt = by == "length_bucket"
+
+    def narrow(layout: Layout) -> tuple[Layout, Columns]:
+        return figures.narrow(layout, scrape, by_prompt=by_prompt)
+
     if not dense:
-        parts = [(points, point_windows(points, window, selector, needs_peak))]
+        parts = [(points, point_windows(points, window, selector, needs_peak, narrow))]
     elif _raw_dense(points, window):
         # Windows a few minutes long hold too few minute rollups to compute
         # anything (a 1-minute window holds one): read the raw scrapes.
-        parts = [(points, _raw_dense_windows(points, window, selector, needs_peak))]
+        parts = [(points, _raw_dense_windows(points, window, selector, needs_peak, narrow))]
     elif _dt(float(points[-1]) - window) >= timezone.now() - RAW_RETENTION + _RAW_MARGIN:
         # The newest point from raw scrapes: the current minute's rollup is
         # partial, and the live point must equal what the query API says.
         parts = [
-            (points[:-1], _dense_windows(points[:-1], window, selector, needs_peak) if len(points) > 1 else []),
-            (points[-1:], point_windows(points[-1:], window, selector, needs_peak)),
+            (
+                points[:-1],
+                _dense_windows(points[:-1], window, selector, needs_peak, narrow) if len(points) > 1 else [],
+            ),
+            (points[-1:], point_windows(points[-1:], window, selector, needs_peak, narrow)),
         ]
     else:
-        parts = [(points, _dense_windows(points, window, selector, needs_peak))]
+        parts = [(points, _dense_windows(points, window, selector, needs_peak, narrow))]
     return _join_parts(scrape, parts, by)
 
 
@@ -410,17 +452,53 @@ class _Offsets:
         ):
             self._by_target[target_id].append((ts.timestamp(), unpack(blob)))
 
-    def at(self, target_id: int, times: Floats, width: int) -> Floats | None:
+    def at(self, target_id: int, times: Floats, width: int, columns: Columns = None) -> Floats | None:
+        """[len(times), width] offsets, or of only ``columns`` (``width`` their number)."""
         resets = self._by_target.get(target_id)
         if not resets:
             return None
         out = np.zeros((len(times), width))
         for ts, offsets in resets:
-            out[times >= ts] = offsets
+            out[times >= ts] = _cut(offsets, columns)
         return out
 
 
-_shared: contextvars.ContextVar[dict[tuple[Any, ...], list[TargetWindows]] | None] = contextvars.ContextVar(
+@dataclass
+class _StoredEnds:
+    """One target's stored inputs over one window, every series: its first
+    and last row inside (times, sample count, totals, reset offsets at the
+    first; None: fewer than two rows) and its peak-memory maximum."""
+
+    labels: dict[str, str]
+    layout: Layout
+    peak: float
+    ends: tuple[float, float, int, Floats, Floats, Floats | None] | None = None
+
+
+@dataclass
+class _PointRead:
+    start: float
+    end: float
+    window: float
+    targets: list[_StoredEnds]
+
+    def windows(self, narrow: Narrow) -> list[TargetWindows]:
+        """Each target's increases over the window, of the series ``narrow`` keeps."""
+        out = []
+        for stored in self.targets:
+            layout, columns = narrow(stored.layout)
+            increases = np.full((1, len(layout)), np.nan)
+            if stored.ends is not None:
+                t0, t1, num_samples, first_totals, last_totals, first_offsets = stored.ends
+                first, last = _cut(first_totals, columns), _cut(last_totals, columns)
+                first_raw = first - (_cut(first_offsets, columns) if first_offsets is not None else 0.0)
+                summary = promql.CounterWindow(t0, t1, num_samples, first_raw, last - first)
+                increases[0] = promql.extrapolated_increase(summary, self.start, self.end)
+            out.append(TargetWindows(stored.labels, layout, increases, np.array([stored.peak]), self.window))
+        return out
+
+
+_shared: contextvars.ContextVar[dict[tuple[Any, ...], _PointRead] | None] = contextvars.ContextVar(
     "metrics_shared_reads", default=None
 )
 
@@ -437,30 +515,31 @@ def shared_reads() -> Iterator[None]:
         _shared.reset(token)
 
 
-def point_windows(points: Floats, window: float, selector: Mapping[str, str], needs_peak: bool) -> list[TargetWindows]:
+def point_windows(
+    points: Floats, window: float, selector: Mapping[str, str], needs_peak: bool, narrow: Narrow = _whole
+) -> list[TargetWindows]:
     """Each target's inputs over ``window`` ending at ``points[-1]`` (one point),
-    for the targets that ``selector`` picks ({} for every one). Read once per
-    window and selector inside ``shared_reads()``."""
+    for the targets that ``selector`` picks ({} for every one), of the series
+    ``narrow`` keeps (every one unless told). The stored rows are read once
+    per window and selector inside ``shared_reads()``, whatever the series."""
     memo = _shared.get()
     if memo is None:
-        return _read_point_windows(points, window, selector, needs_peak)
+        return _read_point_window(points, window, selector, needs_peak).windows(narrow)
     key = (float(points[-1]), window, tuple(sorted(selector.items())))
     for peak in (True, needs_peak):  # a read with the peak serves one without
         if (*key, peak) in memo:
-            return memo[(*key, peak)]
-    memo[(*key, needs_peak)] = loaded = _read_point_windows(points, window, selector, needs_peak)
-    return loaded
+            return memo[(*key, peak)].windows(narrow)
+    memo[(*key, needs_peak)] = read = _read_point_window(points, window, selector, needs_peak)
+    return read.windows(narrow)
 
 
-def _read_point_windows(
-    points: Floats, window: float, selector: Mapping[str, str], needs_peak: bool
-) -> list[TargetWindows]:
+def _read_point_window(points: Floats, window: float, selector: Mapping[str, str], needs_peak: bool) -> _PointRead:
     """One window (``points`` has one element) from first/last rows."""
     end = float(points[-1])
     start = end - window
     targets = _targets(start, end, selector)
     if not targets:
-        return []
+        return _PointRead(start, end, window, [])
     ids = [t.pk for t in targets]
     raw = _dt(start) >= timezone.now() - RAW_RETENTION + _RAW_MARGIN
     inside: QuerySet[Snapshot] | QuerySet[Rollup]
@@ -495,26 +574,27 @@ def _read_point_windows(
     peaks = _peak_memory(ids, start, end, raw) if needs_peak else {}
     offsets = _Offsets(ids, end)
     by_id = {t.pk: t for t in targets}
-    out = []
+    read = _PointRead(start, end, window, [])
     for target_id, first_id, last_id in ends:
         t = by_id[target_id]
         layout = SeriesLayout.layout_by_id(t.layout_id)
-        increases = np.full((1, len(layout)), np.nan)
+        peak_value = peaks.get(target_id)
+        stored = _StoredEnds(t.labels(), layout, np.nan if peak_value is None else peak_value)
         if first_id is not None and last_id is not None and first_id != last_id:
             (t0, seq0, blob0), (t1, seq1, blob1) = rows[first_id], rows[last_id]
             first_totals, last_totals = unpack(blob0), unpack(blob1)
             if len(first_totals) == len(last_totals) == len(layout) and t1 > t0:
                 first_offsets = offsets.at(target_id, np.array([t0]), len(layout))
-                first_raw = first_totals - (first_offsets[0] if first_offsets is not None else 0.0)
-                window_summary = promql.CounterWindow(t0, t1, seq1 - seq0 + 1, first_raw, last_totals - first_totals)
-                increases[0] = promql.extrapolated_increase(window_summary, start, end)
-        peak_value = peaks.get(target_id)
-        out.append(
-            TargetWindows(
-                t.labels(), layout, increases, np.array([np.nan if peak_value is None else peak_value]), window
-            )
-        )
-    return out
+                stored.ends = (
+                    t0,
+                    t1,
+                    seq1 - seq0 + 1,
+                    first_totals,
+                    last_totals,
+                    first_offsets[0] if first_offsets is not None else None,
+                )
+        read.targets.append(stored)
+    return read
 
 
 def _peak_memory(ids: list[int], start: float, end: float, raw: bool) -> dict[int, float]:
@@ -575,7 +655,7 @@ def _raw_dense(points: Floats, window: float) -> bool:
 
 
 def _raw_dense_windows(
-    points: Floats, window: float, selector: Mapping[str, str], needs_peak: bool
+    points: Floats, window: float, selector: Mapping[str, str], needs_peak: bool, narrow: Narrow = _whole
 ) -> list[TargetWindows]:
     """Windows at many points from raw scrapes: every scrape's time and sample
     number first (small rows), then the packed vectors of only the first and
@@ -610,7 +690,8 @@ def _raw_dense_windows(
     offsets = _Offsets(by_id, end)
     out = []
     for target_id, t in by_id.items():
-        layout = SeriesLayout.layout_by_id(t.layout_id)
+        stored = SeriesLayout.layout_by_id(t.layout_id)
+        layout, columns = narrow(stored)
         increases = np.full((len(points), len(layout)), np.nan)
         peak_values = np.full(len(points), np.nan)
         plan = plans.get(target_id)
@@ -618,10 +699,11 @@ def _raw_dense_windows(
             times, pks, seqs, first, last, peaks = plan
             for j in np.flatnonzero(last > first):
                 i0, i1 = int(first[j]), int(last[j])
-                v0, v1 = unpack(blobs[int(pks[i0])]), unpack(blobs[int(pks[i1])])
-                if not len(v0) == len(v1) == len(layout):
+                v0, v1 = _unpack_through(blobs[int(pks[i0])], columns), _unpack_through(blobs[int(pks[i1])], columns)
+                if not (_whole_width(v0, stored, columns) and _whole_width(v1, stored, columns)):
                     continue
-                first_offsets = offsets.at(target_id, times[i0 : i0 + 1], len(layout))
+                v0, v1 = _cut(v0, columns), _cut(v1, columns)
+                first_offsets = offsets.at(target_id, times[i0 : i0 + 1], len(layout), columns)
                 summary = promql.CounterWindow(
                     float(times[i0]),
                     float(times[i1]),
@@ -638,8 +720,11 @@ def _raw_dense_windows(
     return out
 
 
-def _dense_windows(points: Floats, window: float, selector: Mapping[str, str], needs_peak: bool) -> list[TargetWindows]:
-    """Windows at many points from every minute rollup of the range."""
+def _dense_windows(
+    points: Floats, window: float, selector: Mapping[str, str], needs_peak: bool, narrow: Narrow = _whole
+) -> list[TargetWindows]:
+    """Windows at many points from every minute rollup of the range, of the
+    series ``narrow`` keeps: each vector is cut to them before it is stacked."""
     start, end = float(points[0]) - window, float(points[-1])
     targets = _targets(start, end, selector)
     if not targets:
@@ -656,13 +741,16 @@ def _dense_windows(points: Floats, window: float, selector: Mapping[str, str], n
     offsets = _Offsets(by_id, end)
     out = []
     for target_id, t in by_id.items():
-        layout = SeriesLayout.layout_by_id(t.layout_id)
+        stored = SeriesLayout.layout_by_id(t.layout_id)
+        layout, columns = narrow(stored)
         target_rows = [r for r in rows.get(target_id, []) if start < r[0] <= end]
-        vectors = [unpack(blob) for _, _, blob in target_rows]
-        keep = [i for i, v in enumerate(vectors) if len(v) == len(layout)]
+        vectors = [_unpack_through(blob, columns) for _, _, blob in target_rows]
+        keep = [i for i, v in enumerate(vectors) if _whole_width(v, stored, columns)]
         times = np.array([target_rows[i][0] for i in keep])
-        totals = np.vstack([vectors[i] for i in keep]) if keep else np.zeros((0, len(layout)))
-        windows = promql.range_windows(times, totals, offsets.at(target_id, times, len(layout)), points, window)
+        totals = np.vstack([_cut(vectors[i], columns) for i in keep]) if keep else np.zeros((0, len(layout)))
+        windows = promql.range_windows(
+            times, totals, offsets.at(target_id, times, len(layout), columns), points, window
+        )
         peak_values = np.array([np.nan if target_rows[i][1] is None else target_rows[i][1] for i in keep])
         peaks = promql.max_in_windows(peak_values, windows) if needs_peak else np.full(len(points), np.nan)
         out.append(TargetWindows(t.labels(), layout, windows.increases, peaks, window))

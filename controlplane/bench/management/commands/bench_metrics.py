@@ -4,8 +4,10 @@ Generates 50 workers x 24 h of 5-second snapshots (864 000 rows, plus their
 minute rollups) of realistic counters and histograms in the configured
 database — PostgreSQL is what the figures are quoted for — then times:
 
-* the four-figure panel page (server time: view + queries + template), 1 h
-  of 1-minute points per cohort, over ``--repeat`` renders;
+* the two figures pages (server time: view + queries + template) over
+  ``--repeat`` renders each, wall-clock and CPU (``time.process_time`` plus
+  the local database backend's): the four-figure panel, 1 h of 1-minute
+  points per cohort, and the ``/figures/`` overview, 1 h of the fleet's;
 * the query endpoint (``/api/v1/metrics/query``) over a mix of figures,
   windows (1m .. 24h) and groupings: P50 and P95 over ``--queries`` calls.
 
@@ -39,7 +41,7 @@ from controlplane.metrics.models import (
     pack,
     unpack,
 )
-from dashboards.metrics.views import panel
+from dashboards.metrics.views import overview, panel
 from workers.server.metrics import MetricsExporter
 
 PREFIX = "bench-"
@@ -102,6 +104,7 @@ class Command(BaseCommand):
         self.stdout.write(f"load average {load[0]:.1f} on {os.cpu_count()} CPUs (timings are wall-clock)")
         try:
             self.time_panel(opts["repeat"])
+            self.time_page("overview (1 h, fleet)", overview, "/figures/", opts["repeat"])
             if self._tails:
                 self.catch_up(opts["interval"])
             self.time_queries(opts["queries"], opts["seed"])
@@ -379,32 +382,43 @@ class Command(BaseCommand):
     store = "database"  # whose CPU the timings add to this process's
 
     def time_panel(self, repeat: int) -> None:
+        self.time_page("four-figure panel (1 h, per cohort)", panel, "/figures/panel/", repeat)
+
+    def time_page(self, title: str, view: Any, path: str, repeat: int) -> None:
+        """One figures page rendered whole ``repeat`` times, as its view
+        answers a GET: wall-clock, this process's CPU (``time.process_time``:
+        the web server's share) and that plus the database backend's."""
         from django.test import RequestFactory
         from django_htmx.middleware import HtmxDetails
 
         factory = RequestFactory()
         user = self._user()
-        durations, cpu = [], []
+        durations, cpu, web_cpu = [], [], []
+        web: list[float] = []
 
         def render() -> Any:
-            request = factory.get("/figures/panel/", {"group_by": "cohort", "range": "1h"})
+            web_started = time.process_time()
+            request = factory.get(path, {"group_by": "cohort", "range": "1h"})
             request.user = user
             request.htmx = HtmxDetails(request)  # type: ignore[attr-defined]
-            response = panel(request)
+            response = view(request)
             if hasattr(response, "render"):
                 response.render()
+            web.append(time.process_time() - web_started)
             return response
 
         for i in range(repeat + 1):
             response, elapsed, cpu_elapsed = self._timed(render)
             if response.status_code != 200:
-                raise CommandError(f"the panel answered {response.status_code}")
+                raise CommandError(f"{path} answered {response.status_code}")
             if i:  # the first render warms caches
                 durations.append(elapsed)
                 cpu.append(cpu_elapsed)
+                web_cpu.append(web[-1])
         self.stdout.write(
-            f"four-figure panel (1 h, per cohort), {repeat} renders (goal < 300 ms server time):\n"
+            f"{title}, {repeat} renders (goal < 300 ms server time):\n"
             f"  wall-clock median {statistics.median(durations) * 1000:.0f} ms, max {max(durations) * 1000:.0f} ms; "
+            f"CPU web median {statistics.median(web_cpu) * 1000:.0f} ms, max {max(web_cpu) * 1000:.0f} ms; "
             f"CPU (web + {self.store}) median {statistics.median(cpu) * 1000:.0f} ms, max {max(cpu) * 1000:.0f} ms"
         )
 
