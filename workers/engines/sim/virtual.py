@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from workers.engines.api import RequestMetrics, SamplingParams, StepMetrics
 from workers.engines.reference.llm_engine import LLMEngine
@@ -103,13 +106,52 @@ def predict(
     return drive(engine, planned, clock=clock, wait_until=clock.advance_to)
 
 
+class ThreadCpuClock:
+    """Time that moves with this thread's CPU time and jumps over idle waits.
+
+    A real engine on this clock computes every step for real, but a step
+    lasts the CPU time its thread spent on it, not the wall time: on a shared
+    machine, another process taking the core stretches wall time and not
+    this. Its intra-op work must then run on this thread (one torch thread),
+    or the clock misses it. Used to fit a step-time table and to check the
+    simulation against the real engine under the same conditions, whatever
+    else runs beside them."""
+
+    def __init__(self) -> None:
+        self._offset = -time.thread_time()
+
+    def __call__(self) -> float:
+        return time.thread_time() + self._offset
+
+    def advance_to(self, when: float) -> None:
+        now = self()
+        if when > now:
+            self._offset += when - now
+
+
+@contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """Torch (and so an engine built inside) on one intra-op thread, as
+    ``ThreadCpuClock`` needs; the count before is restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _sleep_until(when: float) -> None:
+    time.sleep(max(0.0, when - time.monotonic()))
+
+
 def measure(engine: LLMEngine, planned: Sequence[PlannedRequest]) -> tuple[Recorder, float]:
-    """``planned`` on a real engine in wall time."""
-
-    def wait_until(when: float) -> None:
-        time.sleep(max(0.0, when - time.monotonic()))
-
-    return drive(engine, planned, clock=time.monotonic, wait_until=wait_until)
+    """``planned`` on a real engine, in the engine's own time: wall time
+    (``time.monotonic``, the default) sleeps until each arrival; a clock that
+    can jump (``ThreadCpuClock``) jumps there."""
+    clock = engine.clock
+    wait_until = getattr(clock, "advance_to", None) or _sleep_until
+    return drive(engine, planned, clock=clock, wait_until=wait_until)
 
 
 def figures(recorder: Recorder, duration_seconds: float, slo: SLO | None = None) -> dict[str, Any]:
@@ -117,7 +159,7 @@ def figures(recorder: Recorder, duration_seconds: float, slo: SLO | None = None)
     return summarize(recorder.requests, recorder.steps, duration_seconds, slo or SLO(2.0, 0.2))
 
 
-__all__ = ["Recorder", "drive", "figures", "measure", "predict"]
+__all__ = ["Recorder", "ThreadCpuClock", "one_torch_thread", "drive", "figures", "measure", "predict"]
 
 
 def closed_loop(
