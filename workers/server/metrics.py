@@ -306,9 +306,10 @@ class _LongSteps:
 # hundreds of simulated workers per machine was the machine's whole budget.
 # The exporter's own families keep their text and re-format only the children
 # written since (a histogram child's lines after an observe); prometheus_client
-# stays the store and the format's author: a child's values are its own
-# ``_child_samples()``, printed after the line prefixes that ``generate_latest``
-# rendered for that child once. The output is byte for byte the generic one
+# stays the store and the format's author: a child's values are read from it
+# (``_child_samples()``; a histogram's bucket counts summed as that method sums
+# them) and printed after the line prefixes that ``generate_latest`` rendered
+# for that child once. The output is byte for byte the generic one
 # (tests/workers/server/test_metrics_page.py).
 
 
