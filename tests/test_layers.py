@@ -317,3 +317,18 @@ def test_the_pure_cores_the_architecture_names_import_no_django_and_no_models() 
                 names = [node.module or ""]
             found += [f"{module} imports {n}" for n in names if n.split(".")[0] == "django" or n.endswith(".models")]
     assert found == []
+
+
+def test_no_workers_module_imports_the_control_plane_or_the_ui() -> None:
+    """The data plane runs without Django (architecture.md's process table):
+    not one of its modules imports controlplane or dashboards, at the top or
+    inside a function."""
+    found = []
+    for path in sorted((ROOT / "workers").rglob("*.py")):
+        module = module_name(path)
+        for imp in imports_of(module, path.read_text(), is_package=path.name == "__init__.py"):
+            if imp.target.split(".")[0] in ("controlplane", "dashboards"):
+                found.append(f"{module}:{imp.line} imports {imp.target}")
+    assert found == []
+    caught = list(imports_of("workers.bench.x", "def f():\n    from controlplane.metrics import catalogue\n"))
+    assert [imp.target for imp in caught] == ["controlplane.metrics.catalogue"]

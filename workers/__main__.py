@@ -40,9 +40,6 @@ COMMANDS: dict[str, Command] = {
     "bench-sim": Command(
         "workers.bench.sim", "validate the simulated engine against AIConfigurator's estimates and the reference engine"
     ),
-    "bench-metrics-page": Command(
-        "workers.bench.metrics_page", "time one worker's /metrics page: render and parse, old path against new"
-    ),
     "bench-serve": Command(
         "workers.bench.serve", "benchmark HTTP against in-process streaming, and vLLM against reference"
     ),

@@ -102,8 +102,9 @@ class SizeFigures:
     alert_interval_seconds: float = math.nan
     rollout_step_seconds: float = math.nan
     num_canary_workers: int = 0
-    abort_acked_ms: float = math.nan
-    abort_all_on_stable_seconds: float = math.nan
+    abort_acked_ms: float = math.nan  # the P99 over the size's aborts (one abort: that one)
+    abort_all_on_stable_seconds: float = math.nan  # the slowest of them
+    abort_acked_samples_ms: list[float] = field(default_factory=list)  # every abort's, in order
     num_requests: int = 0
     num_request_errors: int = 0
     num_marked_unhealthy: int = 0  # live workers the health sweep marked unhealthy in the window

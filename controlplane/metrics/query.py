@@ -22,6 +22,11 @@ How data is read (see models.py for the row format):
   windows evaluated at each point with the same arithmetic.
 * request-log figures read the gateway's log rows of the window.
 
+Each read windows only the series the asked figures read
+(``figures.narrow``; a page's figures need a few hundred of 2,085) and
+inflates a stored vector only up to the last of them; callers that ask no
+figures (the batched reader, the advisor) get every series.
+
 All of the above is the database backend. With ``METRICS_BACKEND=prometheus``
 scraped figures come from Prometheus instead (``backends.py``: each figure's
 registry PromQL, compiled as the shipped rules are); request-log figures
@@ -30,8 +35,8 @@ stay here. A backend that does not answer raises ``BackendUnavailable``.
 Beside ``query``/``query_range``, the pieces a batched reader builds on are
 public too (``reader.Reader`` is one: it answers many queries of one cycle,
 reading each window once): ``check_window`` (a window's bounds, or
-QueryError), ``point_windows`` (every target's inputs over one window, shared
-within ``shared_reads()``), ``group_of`` (a target's group) and ``Epoch`` (a
+QueryError), ``point_windows`` (every target's inputs over one window, its
+stored rows shared within ``shared_reads()``), ``group_of`` (a target's group) and ``Epoch`` (a
 timestamp column as epoch seconds, computed by the database).
 """
 

@@ -710,7 +710,7 @@ class MetricsExporter:
     def render_uncached(self, names: Iterable[str] = ()) -> bytes:
         """``render`` by prometheus_client's generic exposition of every family:
         the same bytes, the cost the cache saves (tests and
-        ``python -m workers bench-metrics-page`` compare the two)."""
+        ``python manage.py bench_metrics_page`` compare the two)."""
         sources: list[Any] = [self.registry]
         sources.append(self._native if self._native is not None else self.vllm_registry)
         wanted = frozenset(names)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter
 
-from workers.bench import metrics_page
+from controlplane.bench import metrics_page
 from workers.engines.api import EngineLoad, RequestMetrics, StepMetrics
 from workers.profile import EngineProfile
 from workers.server.metrics import BY_PROMPT_TTFT, MetricsExporter, _Cached

@@ -1,4 +1,4 @@
-"""``python -m workers bench-metrics-page``: what one worker's ``/metrics``
+"""``python manage.py bench_metrics_page``: what one worker's ``/metrics``
 page costs to render and to parse, the old path against the new, in one run.
 
 One exporter as a simulated worker has it (Llama 3.1 8B's 131,072-token
@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from controlplane.metrics import catalogue
 from workers.engines.api import EngineLoad, RequestMetrics, StepMetrics
 from workers.profile import EngineProfile
 from workers.server.metrics import MetricsExporter
@@ -123,17 +124,6 @@ def _row(case: str, old_ms: list[float], new_ms: list[float]) -> dict[str, Any]:
     return {"case": case, "old_ms": old, "new_ms": new, "ratio": old / new if new > 0 else float("inf")}
 
 
-def _parse_paths() -> tuple[Callable[[str], Any], Callable[[str], Any]] | None:
-    """The control plane's parsers, old and new, where it is installed.
-    Imported here, not at the top: ``workers/`` never needs the control plane,
-    and only this benchmark reaches for it."""
-    try:
-        from controlplane.metrics import catalogue
-    except ImportError:
-        return None
-    return catalogue.parse_lines, catalogue.parse
-
-
 def _same_reduction(a: Any, b: Any) -> bool:
     return bool(a.layout == b.layout and a.profile == b.profile and np.array_equal(a.values, b.values, equal_nan=True))
 
@@ -175,33 +165,28 @@ def main(args: argparse.Namespace) -> int:
             identical = identical and exporter.render() == exporter.render_uncached()
         rows.append(_row(f"render after {num_requests} request{'s' if num_requests != 1 else ''}", old_ms, new_ms))
 
-    parsers = _parse_paths()
     parse_identical = True
-    if parsers is not None:
-        parse_lines, parse = parsers
+    parse_lines, parse = catalogue.parse_lines, catalogue.parse
+    text = exporter.render().decode()
+    parse_lines(text)  # its series cache warm, as in a running control plane
+    parse(text)  # the page shape planned
+    old_ms, new_ms = [], []
+    for i in range(args.repeat):
+        at = write_requests(exporter, rng, 1, at)
+        clock[0] = at
         text = exporter.render().decode()
-        parse_lines(text)  # its series cache warm, as in a running control plane
-        parse(text)  # the page shape planned
-        old_ms, new_ms = [], []
-        for i in range(args.repeat):
-            at = write_requests(exporter, rng, 1, at)
-            clock[0] = at
-            text = exporter.render().decode()
-            old_ms.append(_cpu_ms(lambda: parse_lines(text)))  # noqa: B023 (called at once)
-            new_ms.append(_cpu_ms(lambda: parse(text)))  # noqa: B023
-            if i % 10 == 0:
-                parse_identical = parse_identical and _same_reduction(parse_lines(text), parse(text))
-        rows.append(_row("parse (control plane)", old_ms, new_ms))
+        old_ms.append(_cpu_ms(lambda: parse_lines(text)))  # noqa: B023 (called at once)
+        new_ms.append(_cpu_ms(lambda: parse(text)))  # noqa: B023
+        if i % 10 == 0:
+            parse_identical = parse_identical and _same_reduction(parse_lines(text), parse(text))
+    rows.append(_row("parse (control plane)", old_ms, new_ms))
 
     print(f"\nmedian CPU ms per page over {args.repeat} pages each, old path against new (old ÷ new):")
     print(f"{'case':<28} {'old ms':>9} {'new ms':>9} {'ratio':>8}")
     for row in rows:
         print(f"{row['case']:<28} {row['old_ms']:>9.3f} {row['new_ms']:>9.3f} {row['ratio']:>7.1f}x")
     print(f"\nrendered pages identical: {'yes' if identical else 'NO'}")
-    if parsers is None:
-        print("parse: skipped (the control plane is not installed here)")
-    else:
-        print(f"parsed pages identical: {'yes' if parse_identical else 'NO'}")
+    print(f"parsed pages identical: {'yes' if parse_identical else 'NO'}")
     if args.json:
         args.json.write_text(json.dumps({"page_bytes": len(page), "rows": rows}, indent=2))
     return 0 if identical and parse_identical else 1
