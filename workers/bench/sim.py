@@ -63,7 +63,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", default="vllm")
     parser.add_argument("--model", default="meta-llama/Meta-Llama-3.1-8B", help="the simulated model (aiconfigurator)")
     parser.add_argument("--table", type=Path, help="reference: use this fitted table instead of fitting one")
-    parser.add_argument("--save-table", type=Path, default=Path("var/sim/fitted-tiny-model.json"))
+    parser.add_argument(
+        "--save-table",
+        type=Path,
+        default=Path("var/bench/sim-fitted-tiny-model.json"),
+        help="where the fitted table is written (not the data dir's var/sim/: that one predicts live workers)",
+    )
     parser.add_argument("--duration", type=float, default=25.0, help="reference: seconds of arrivals per workload")
     parser.add_argument("--long-tail-rate", type=float, default=1.2, help="reference: the long-tail scenario's rate")
     parser.add_argument("--mixed-rate", type=float, default=2.0)

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import sys
 import tempfile
 import time
 import uuid
@@ -67,6 +69,8 @@ class Command(ExperimentBench):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        # SIGTERM unwinds like Ctrl-C: the processes started and the rows made go with the run.
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
         tag = f"bench-pred-{uuid.uuid4().hex[:6]}"
         self.worker_cpus = _cpu_list(options["worker_cpus"])
         if options["threads"] > 0:
