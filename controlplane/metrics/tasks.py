@@ -43,7 +43,9 @@ def scrape() -> dict[str, int]:
         return {"targets": 0, "failed": 0, "skipped": 1}
     scrape_round, shards = start_round()
     for worker_ids in shards[1:]:
-        transaction.on_commit(functools.partial(scrape_shard.delay, scrape_round.pk, worker_ids))
+        # robust: a shard that cannot be queued leaves its round unfinished
+        # (it stops counting at its horizon); the tick's own shard still runs.
+        transaction.on_commit(functools.partial(scrape_shard.delay, scrape_round.pk, worker_ids), robust=True)
     if shards:
         run_shard(scrape_round.pk, shards[0])
         scrape_round.refresh_from_db()
