@@ -184,7 +184,7 @@ def test_the_figures_pages_window_only_the_series_their_figures_read(fleet) -> N
         return extrapolated_increase(window, *args, **kwargs)
 
     wanted = max(
-        len(figures.series_read([figures.get(n) for n in names], SeriesLayout.layout_by_id(t.layout_id)))
+        len(figures.narrow(SeriesLayout.layout_by_id(t.layout_id), [figures.get(n) for n in names])[0])
         for names in (PANEL, OVERVIEW)
         for t in Target.objects.all()
     )
