@@ -53,7 +53,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
-from django.db.models import FloatField, Func, Max, OuterRef, Q, QuerySet, Subquery
+from django.db.models import F, FloatField, Func, Max, OuterRef, Q, QuerySet, Subquery, Window
+from django.db.models.functions import Ceil, RowNumber
 from django.utils import timezone
 from numpy.typing import NDArray
 
@@ -111,6 +112,15 @@ def _unpack_through(blob: bytes | memoryview, columns: Columns) -> Floats:
     if columns is None:
         return unpack(blob)
     return np.frombuffer(zlib.decompressobj().decompress(bytes(blob), (int(columns[-1]) + 1) * 8), dtype=np.float64)
+
+
+def _inflate_once(
+    inflated: dict[int, Floats], blobs: Mapping[int, bytes | memoryview], pk: int, columns: Columns
+) -> Floats:
+    """Scrape ``pk``'s vector through ``columns``, from ``inflated`` when read before."""
+    if pk not in inflated:
+        inflated[pk] = _unpack_through(blobs[pk], columns)
+    return inflated[pk]
 
 
 def _whole_width(vector: Floats, layout: Layout, columns: Columns) -> bool:
@@ -670,17 +680,10 @@ def _raw_dense_windows(
     if not targets:
         return []
     by_id = {t.pk: t for t in targets}
-    meta: dict[int, list[tuple[int, float, int, float | None]]] = defaultdict(list)
-    for target_id, pk, seconds, seq, peak in (
-        Snapshot.objects.filter(target_id__in=list(by_id), ts__gt=_dt(start), ts__lte=_dt(end))
-        .annotate(t=Epoch("ts"))
-        .order_by("target_id", "ts")
-        .values_list("target_id", "pk", "t", "seq", "peak_memory_bytes")
-    ):
-        meta[target_id].append((pk, seconds, seq, peak))
+    rows_by_target, blobs = _window_edges(points, window, list(by_id), start, end)
     plans: dict[int, tuple[Floats, np.ndarray, np.ndarray, np.ndarray, np.ndarray, Floats]] = {}
     wanted: set[int] = set()
-    for target_id, rows in meta.items():
+    for target_id, rows in rows_by_target.items():
         pks = np.array([r[0] for r in rows], dtype=np.int64)
         times = np.array([r[1] for r in rows], dtype=np.float64)
         seqs = np.array([r[2] for r in rows], dtype=np.int64)
@@ -691,7 +694,8 @@ def _raw_dense_windows(
         plans[target_id] = (times, pks, seqs, first, last, peaks)
         wanted.update(pks[first[ok]].tolist())
         wanted.update(pks[last[ok]].tolist())
-    blobs = dict(Snapshot.objects.filter(pk__in=wanted).values_list("pk", "values")) if wanted else {}
+    if blobs is None:
+        blobs = dict(Snapshot.objects.filter(pk__in=wanted).values_list("pk", "values")) if wanted else {}
     offsets = _Offsets(by_id, end)
     out = []
     for target_id, t in by_id.items():
@@ -702,9 +706,10 @@ def _raw_dense_windows(
         plan = plans.get(target_id)
         if plan is not None:
             times, pks, seqs, first, last, peaks = plan
+            unpacked: dict[int, Floats] = {}  # a scrape ends one window and begins another: inflate it once
             for j in np.flatnonzero(last > first):
                 i0, i1 = int(first[j]), int(last[j])
-                v0, v1 = _unpack_through(blobs[int(pks[i0])], columns), _unpack_through(blobs[int(pks[i1])], columns)
+                v0, v1 = (_inflate_once(unpacked, blobs, int(pks[i]), columns) for i in (i0, i1))
                 if not (_whole_width(v0, stored, columns) and _whole_width(v1, stored, columns)):
                     continue
                 v0, v1 = _cut(v0, columns), _cut(v1, columns)
@@ -723,6 +728,73 @@ def _raw_dense_windows(
                 peak_values = promql.max_in_windows(peaks, windows)
         out.append(TargetWindows(t.labels(), layout, increases, peak_values, window))
     return out
+
+
+# Points at most this far off a regular grid still count as on it (float error).
+_GRID_TOLERANCE_SECONDS = 1e-6
+
+
+def _grid(points: Floats, window: float) -> tuple[float, float] | None:
+    """(first edge, step) when every window edge lies on one regular grid
+    (points evenly spaced, the window a whole number of steps), else None."""
+    if len(points) < 2:
+        return None
+    step = float(points[1] - points[0])
+    if step <= 0 or not np.allclose(np.diff(points), step, rtol=0, atol=_GRID_TOLERANCE_SECONDS):
+        return None
+    steps = window / step
+    if abs(steps - round(steps)) > _GRID_TOLERANCE_SECONDS or round(steps) < 1:
+        return None
+    return float(points[0]) - window, step
+
+
+def _window_edges(
+    points: Floats, window: float, target_ids: list[int], start: float, end: float
+) -> tuple[dict[int, list[tuple[int, float, int, float | None]]], dict[int, bytes | memoryview] | None]:
+    """Each target's scrapes a window at ``points`` can begin or end on, as
+    (pk, time, seq, peak memory), in time order.
+
+    A window (p - window, p] begins at the first scrape after p - window and
+    ends at the last at or before p. When every edge lies on one grid, those
+    are the first and the last scrape between two grid lines: the database
+    picks them (a row number over each target's scrapes between two lines),
+    and only they come back, with the slice's peak memory, rather than every
+    scrape's row (an hour of 5-s scrapes at 200 workers: 13,200 rows instead
+    of 144,000), with their packed vectors: almost every one begins or ends
+    some window, and asking for them by primary key after was a 24,000-item
+    ``IN`` list to build and send. Each kept row carries the peak of its
+    slice, so the max over a window's rows is the max over its scrapes. Off
+    the grid, every scrape's row and no vectors (the caller fetches those it
+    needs): the second item is None."""
+    scrapes = Snapshot.objects.filter(target_id__in=target_ids, ts__gt=_dt(start), ts__lte=_dt(end)).annotate(
+        t=Epoch("ts")
+    )
+    grid = _grid(points, window)
+    out: dict[int, list[tuple[int, float, int, float | None]]] = defaultdict(list)
+    if grid is None:
+        for target_id, pk, seconds, seq, peak in scrapes.order_by("target_id", "ts").values_list(
+            "target_id", "pk", "t", "seq", "peak_memory_bytes"
+        ):
+            out[target_id].append((pk, seconds, seq, peak))
+        return out, None
+    first_edge, step = grid
+    # The slice (first_edge + (k-1)·step, first_edge + k·step] is number k.
+    by_slice = ["target_id", Ceil((F("t") - first_edge) / step)]
+    edges = (
+        scrapes.annotate(
+            from_start=Window(RowNumber(), partition_by=by_slice, order_by=F("ts").asc()),
+            from_end=Window(RowNumber(), partition_by=by_slice, order_by=F("ts").desc()),
+            slice_peak=Window(Max("peak_memory_bytes"), partition_by=by_slice),
+        )
+        .filter(Q(from_start=1) | Q(from_end=1))
+        .order_by("target_id", "ts")
+        .values_list("target_id", "pk", "t", "seq", "slice_peak", "values")
+    )
+    blobs: dict[int, bytes | memoryview] = {}
+    for target_id, pk, seconds, seq, peak, blob in edges:
+        out[target_id].append((pk, seconds, seq, peak))
+        blobs[pk] = blob
+    return out, blobs
 
 
 def _dense_windows(

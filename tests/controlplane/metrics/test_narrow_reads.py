@@ -199,3 +199,45 @@ def test_the_figures_pages_window_only_the_series_their_figures_read(fleet) -> N
             pages.overview_context(view, now=at(END))
         assert widths, window
         assert max(widths) <= wanted < stored / 2
+
+
+@pytest.mark.parametrize(
+    ("window", "step", "offset"),
+    [
+        (300.0, 60.0, 0.0),  # the panel's: edges on scrape times exactly
+        (120.0, 15.0, 2.5),  # edges between scrapes
+        (60.0, 60.0, 0.3),  # one step per window
+        (300.0, 45.0, 0.0),  # a window that is no whole number of steps: every scrape's row
+    ],
+)
+def test_windows_from_the_scrapes_at_their_edges_equal_windows_from_every_scrape(
+    fleet, window: float, step: float, offset: float
+) -> None:
+    """The database picks each grid slice's first and last scrape (and its
+    peak), and the windows over those rows are the windows over every row."""
+    points = np.arange(at(END).timestamp() - 10 * step, at(END).timestamp() + 1, step) - offset
+    returned: list[int] = []
+    window_edges = query._window_edges
+
+    def counted(*args: Any) -> Any:
+        rows, blobs = window_edges(*args)
+        returned.append(sum(len(r) for r in rows.values()))
+        assert blobs is None or set(blobs) == {r[0] for target in rows.values() for r in target}
+        return rows, blobs
+
+    with mock.patch.object(query, "_window_edges", side_effect=counted):
+        edges = query._raw_dense_windows(points, window, {}, True)
+        with mock.patch.object(query, "_grid", return_value=None):
+            every = query._raw_dense_windows(points, window, {}, True)
+    assert len(edges) == len(every) == 4
+    for a, b in zip(edges, every, strict=True):
+        assert a.labels == b.labels and a.layout.keys == b.layout.keys
+        assert np.array_equal(a.increases, b.increases, equal_nan=True)
+        assert np.array_equal(a.peak_memory, b.peak_memory, equal_nan=True)
+        assert np.isfinite(a.increases).any() and np.isfinite(a.peak_memory).any()
+    on_grid = query._grid(points, window) is not None
+    assert on_grid == (window % step == 0)
+    if on_grid:  # two rows a slice at most, where every scrape's row is several
+        assert returned[0] <= 2 * 4 * (len(points) + window / step) < returned[1]
+    else:
+        assert returned[0] == returned[1]
