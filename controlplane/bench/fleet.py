@@ -21,6 +21,8 @@ from pathlib import Path
 
 from django.db import connection
 
+from controlplane.fleet.health import fleet_heartbeat_interval
+
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -151,7 +153,7 @@ class Projection:
     cores: dict[str, float]  # per process kind, at this size
     rows_per_second: float
     database_gib_per_day: float
-    scrape_round_cpu_seconds: float  # one round, in the one process that runs it
+    scrape_round_cpu_seconds: float  # one round's CPU, whichever Celery processes share its shards
 
 
 def _ratio(num: float, den: float) -> float:
@@ -173,9 +175,30 @@ class CostModel:
     requests_per_worker_second: float
     alert_cycle_seconds_per_worker: float
     alert_interval_seconds: float
+    # The control plane's scaling of the heartbeat interval with the fleet (infinite: none).
+    heartbeat_target_rate: float = math.inf
+    heartbeat_interval_max_seconds: float = math.inf
+
+    def heartbeat_interval_at(self, workers: int) -> float:
+        """The interval a fleet of ``workers`` is told (``health.fleet_heartbeat_interval``)."""
+        if not math.isfinite(self.heartbeat_target_rate):
+            return self.heartbeat_interval_seconds
+        return fleet_heartbeat_interval(
+            workers,
+            target_rate=self.heartbeat_target_rate,
+            floor_seconds=self.heartbeat_interval_seconds,
+            ceiling_seconds=self.heartbeat_interval_max_seconds,
+        )
 
     @classmethod
-    def fit(cls, sizes: Sequence[SizeFigures], *, heartbeat_interval_seconds: float) -> CostModel:
+    def fit(
+        cls,
+        sizes: Sequence[SizeFigures],
+        *,
+        heartbeat_interval_seconds: float,
+        heartbeat_target_rate: float = math.inf,
+        heartbeat_interval_max_seconds: float = math.inf,
+    ) -> CostModel:
         def total(get: Callable[[SizeFigures], float]) -> float:
             return sum(get(s) for s in sizes)
 
@@ -205,10 +228,14 @@ class CostModel:
             ),
             alert_cycle_seconds_per_worker=max(s.alert_cycle_ms / 1000 / s.workers for s in sizes),
             alert_interval_seconds=last.alert_interval_seconds,
+            heartbeat_target_rate=heartbeat_target_rate,
+            heartbeat_interval_max_seconds=heartbeat_interval_max_seconds,
         )
 
     def project(self, workers: int, *, heartbeat_interval_seconds: float | None = None) -> Projection:
-        heartbeats = workers / (heartbeat_interval_seconds or self.heartbeat_interval_seconds)
+        """The cost at ``workers``, heartbeating every ``heartbeat_interval_seconds``
+        (None: the interval the control plane tells a fleet that size)."""
+        heartbeats = workers / (heartbeat_interval_seconds or self.heartbeat_interval_at(workers))
         scrapes = workers / self.scrape_interval_seconds
         return Projection(
             workers=workers,
@@ -223,19 +250,34 @@ class CostModel:
             scrape_round_cpu_seconds=workers * self.celery_seconds_per_scrape,
         )
 
+    def web_process_full_at(self, limit: int = 1_000_000) -> float:
+        """The smallest fleet whose heartbeats fill one web process's core, at
+        the interval that fleet is told (scaled: the rate stays near the
+        target until the interval's ceiling, then grows again)."""
+        cost = self.web_seconds_per_heartbeat
+        if not cost > 0:
+            return math.inf
+        if not math.isfinite(self.heartbeat_target_rate):
+            return self.heartbeat_interval_seconds / cost
+        for workers in range(10, limit + 1, 10):
+            if workers / self.heartbeat_interval_at(workers) * cost >= 1.0:
+                return float(workers)
+        return math.inf
+
     def misses(self) -> list[tuple[str, float]]:
         """Each loop and the fleet size where one process of it misses its
-        interval, first first. The scrape round is one task: its CPU must
-        fit in the scrape timeout in one process, however many Celery
-        processes there are."""
+        interval, first first. A scrape round runs in shards, one Celery task
+        each, spread over the Celery processes: the figure is what one
+        process's share holds within the scrape timeout, so P processes hold
+        P times it."""
         out = [
             (
-                "one scrape round's CPU reaches the scrape timeout",
+                "one Celery process's share of a scrape round reaches the scrape timeout",
                 _ratio(self.scrape_timeout_seconds, self.celery_seconds_per_scrape),
             ),
             (
                 "one web process's heartbeats fill a core",
-                _ratio(self.heartbeat_interval_seconds, self.web_seconds_per_heartbeat),
+                self.web_process_full_at(),
             ),
             (
                 "one alert cycle reaches ALERT_EVAL_INTERVAL",

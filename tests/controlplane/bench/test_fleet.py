@@ -62,10 +62,28 @@ def test_the_first_loop_to_miss_is_the_one_with_the_smallest_fleet() -> None:
         [size(100, heartbeats=3000, scrapes=1200, web=9.0, celery=12.0)], heartbeat_interval_seconds=2
     )
     misses = dict(model.misses())
-    assert misses["one scrape round's CPU reaches the scrape timeout"] == pytest.approx(4.0 / 0.010)
+    assert misses["one Celery process's share of a scrape round reaches the scrape timeout"] == pytest.approx(
+        4.0 / 0.010
+    )
     assert misses["one web process's heartbeats fill a core"] == pytest.approx(2.0 / 0.003)
     assert misses["one alert cycle reaches ALERT_EVAL_INTERVAL"] == pytest.approx(15.0 / 0.0001)
-    assert model.misses()[0][0] == "one scrape round's CPU reaches the scrape timeout"
+    assert model.misses()[0][0] == "one Celery process's share of a scrape round reaches the scrape timeout"
+
+
+def test_a_heartbeat_interval_scaled_to_the_fleet_moves_the_web_tier_s_limit() -> None:
+    # 3 ms per heartbeat; at a fixed 2 s one web process is full at 667 workers. Told
+    # intervals that hold the fleet near 200 heartbeats a second up to a 15-s ceiling,
+    # it is full only once the ceiling is reached and workers / 15 s reaches 333 a second.
+    sizes = [size(100, heartbeats=3000, scrapes=1200, web=9.0, celery=12.0)]
+    fixed = fleet.CostModel.fit(sizes, heartbeat_interval_seconds=2)
+    scaled = fleet.CostModel.fit(
+        sizes, heartbeat_interval_seconds=2, heartbeat_target_rate=200, heartbeat_interval_max_seconds=15
+    )
+    assert dict(fixed.misses())["one web process's heartbeats fill a core"] == pytest.approx(2.0 / 0.003)
+    assert dict(scaled.misses())["one web process's heartbeats fill a core"] == pytest.approx(5000, abs=10)
+    assert scaled.heartbeat_interval_at(400) == 2 and scaled.heartbeat_interval_at(1000) == 5
+    assert scaled.project(1000).cores["web"] == pytest.approx(200 * 0.003)  # 1000 workers every 5 s
+    assert scaled.project(1000, heartbeat_interval_seconds=2).cores["web"] == pytest.approx(500 * 0.003)
 
 
 def test_cpu_seconds_sum_every_process_of_a_session(tmp_path: Path) -> None:
@@ -94,7 +112,7 @@ def test_a_small_fleet_run_reports_every_figure_and_the_kill(tmp_path: Path) -> 
     }
     out = tmp_path / "figures.json"
     argv = [sys.executable, "manage.py", "bench_fleet", "--workers", "4", "--duration", "12", "--settle", "2"]
-    argv += ["--per-process", "1", "--kill-fraction", "0.25", "--json", str(out)]
+    argv += ["--per-process", "1", "--kill-fraction", "0.25", "--aborts", "2", "--json", str(out)]
     run = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     payload = json.loads(out.read_text())
@@ -102,6 +120,9 @@ def test_a_small_fleet_run_reports_every_figure_and_the_kill(tmp_path: Path) -> 
     missing = [name for name in fleet.FIGURES if not math.isfinite(figures[name])]
     assert not missing, f"figures without a value: {missing}"
     assert figures["workers"] == 4 and figures["num_canary_workers"] == 2
+    # two rollouts and aborts: the P99 is the slower of the two acks
+    assert len(figures["abort_acked_samples_ms"]) == 2
+    assert figures["abort_acked_ms"] == max(figures["abort_acked_samples_ms"])
     assert figures["num_heartbeats"] > 0 and figures["num_worker_scrapes"] > 0
     assert set(figures["cpu_seconds"]) == set(fleet.PROCESSES)
     for label, _ in REPORT_ROWS:

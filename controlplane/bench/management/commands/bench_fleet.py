@@ -842,7 +842,12 @@ class Command(BaseCommand):
             self.stdout.write(f"{r.workers} workers: rows/min by table: {tables}")
 
         heartbeat_interval = fleet_conf.HEARTBEAT_INTERVAL_SECONDS.get()
-        model = fleet.CostModel.fit(results, heartbeat_interval_seconds=heartbeat_interval)
+        model = fleet.CostModel.fit(
+            results,
+            heartbeat_interval_seconds=heartbeat_interval,
+            heartbeat_target_rate=fleet_conf.HEARTBEAT_TARGET_RATE.get(),
+            heartbeat_interval_max_seconds=fleet_conf.HEARTBEAT_INTERVAL_MAX_SECONDS.get(),
+        )
         self.stdout.write(
             f"cost model, per unit of work: web {model.web_seconds_per_heartbeat * 1000:.2f} ms CPU per heartbeat, "
             f"Celery {model.celery_seconds_per_scrape * 1000:.2f} ms per worker scraped, gateway "
@@ -850,11 +855,13 @@ class Command(BaseCommand):
             f"heartbeat, {model.rows_per_scrape:.2f} rows and {model.bytes_per_scrape / 1024:.1f} KiB per scrape"
         )
         for size in PROJECT_TO:
-            for interval in sorted({heartbeat_interval, 10.0}):
+            # as told by the control plane (scaled with the fleet), and fixed at the configured interval
+            for interval in (None, heartbeat_interval):
                 p = model.project(size, heartbeat_interval_seconds=interval)
                 cores = ", ".join(f"{name} {c:.2f}" for name, c in p.cores.items())
+                every = f"{model.heartbeat_interval_at(size):g}s (scaled)" if interval is None else f"{interval:g}s"
                 self.stdout.write(
-                    f"  {size:>6} workers, heartbeat every {interval:g}s: cores {cores}; DB {p.rows_per_second:.0f} "
+                    f"  {size:>6} workers, heartbeat every {every}: cores {cores}; DB {p.rows_per_second:.0f} "
                     f"rows/s, {p.database_gib_per_day:.1f} GiB/day of snapshots before retention; one scrape round "
                     f"{p.scrape_round_cpu_seconds:.1f} CPU s (timeout {model.scrape_timeout_seconds:g}s)"
                 )
