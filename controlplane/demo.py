@@ -226,7 +226,7 @@ def processes(ctx: DemoContext) -> list[ProcessSpec]:
         workers = [(name, pool, count, "sim") for name, pool, count in DEMO_SIM_WORKERS]
         workers += [(name, pool, 1, "reference") for name, pool in DEMO_WORKERS]
         for name, pool, count, engine in workers:
-            port = free_port(count)
+            port = free_port(count, below_ephemeral=True)  # it binds once its device has loaded
             enrollment = Enrollment(
                 ctx.url,
                 ctx.enroll_tokens[pool],

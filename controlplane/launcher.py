@@ -21,6 +21,7 @@ import contextlib
 import json
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -63,17 +64,38 @@ class NotReached(LaunchError, TimeoutError):
     to tests, a one-line error to management commands)."""
 
 
-def free_port(count: int = 1) -> int:
+def free_port(count: int = 1, *, below_ephemeral: bool = False) -> int:
     """A port free on 127.0.0.1 now (the benchmarks', the demo's and the tests'
     one copy); with ``count``, the first of that many free ports in a row
-    (``workers serve --count N`` listens on PORT..PORT+N-1)."""
+    (``workers serve --count N`` listens on PORT..PORT+N-1).
+
+    ``below_ephemeral``: from below the kernel's range for outgoing
+    connections. A port from that range can be taken by any process's next
+    outgoing connection before the server that was given it binds; at 200
+    simulated workers (a load generator, heartbeats and scrapes all
+    connecting) one was, seconds after it was handed out."""
     for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if all(_bindable(port + i) for i in range(1, count)):
+        if below_ephemeral:
+            port = random.randrange(BELOW_EPHEMERAL_FROM, _ephemeral_low() - count)
+        else:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = int(s.getsockname()[1])
+        if all(_bindable(port + i) for i in range(0 if below_ephemeral else 1, count)):
             return port
     raise OSError(f"no {count} free ports in a row on 127.0.0.1")
+
+
+# The lowest port handed out below the ephemeral range (above the well-known and most registered ones).
+BELOW_EPHEMERAL_FROM = 10000
+
+
+def _ephemeral_low(path: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> int:
+    """The first port the kernel gives outgoing connections (Linux's default 32768 elsewhere)."""
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def _bindable(port: int) -> bool:

@@ -267,7 +267,7 @@ class Stack:
         before has been given: a simulated worker binds its ports only once
         its device has loaded, seconds after it starts."""
         for _ in range(100):
-            first = free_port(count)
+            first = free_port(count, below_ephemeral=True)
             ports = set(range(first, first + count))
             if not ports & self.ports_given:
                 self.ports_given |= ports
