@@ -54,6 +54,7 @@ from typing import Any
 
 import numpy as np
 from django.db.models import F, FloatField, Func, Max, OuterRef, Q, QuerySet, Subquery, Window
+from django.db.models.expressions import BaseExpression
 from django.db.models.functions import Ceil, RowNumber
 from django.utils import timezone
 from numpy.typing import NDArray
@@ -779,7 +780,7 @@ def _window_edges(
         return out, None
     first_edge, step = grid
     # The slice (first_edge + (k-1)·step, first_edge + k·step] is number k.
-    by_slice = ["target_id", Ceil((F("t") - first_edge) / step)]
+    by_slice: list[BaseExpression | F | str] = ["target_id", Ceil((F("t") - first_edge) / step)]
     edges = (
         scrapes.annotate(
             from_start=Window(RowNumber(), partition_by=by_slice, order_by=F("ts").asc()),
