@@ -84,7 +84,7 @@ def compare_advisor_inputs(db: Inputs, prom: Inputs, pool: Pool) -> None:
     """What the advisor read for one pool on each backend, scraped independently at
     the same interval: the same workers' facts exactly, counters and rates within a
     few percent (Prometheus extrapolates increase() to the window's edges), and
-    per-scrape samples alike in number and in their extremes."""
+    per-scrape samples alike in number, mean and extremes."""
     detail = f"{pool.name}:\n database   {db}\n prometheus {prom}"
     print(detail)
     exact = dataclasses.replace(db.engine, prefill_seconds_per_token=None)
@@ -96,7 +96,10 @@ def compare_advisor_inputs(db: Inputs, prom: Inputs, pool: Pool) -> None:
     assert set(b.worker) == {w.pk for w in Worker.objects.filter(pool=pool)}, detail
     assert np.array_equal(np.unique(b.max_num_seqs), np.unique(a.max_num_seqs), equal_nan=True), detail
     assert max(b.memory_peak_bytes) == max(a.memory_peak_bytes), detail
-    assert max(b.running) == max(a.running) and np.mean(b.running) == pytest.approx(np.mean(a.running), abs=0.5)
+    # Two scrapers sample the gauge at their own instants: a busiest moment one of them
+    # catches (all max_num_seqs running, for a step or two) the other may miss by a request.
+    assert abs(max(b.running) - max(a.running)) <= 1, detail
+    assert np.mean(b.running) == pytest.approx(np.mean(a.running), abs=0.5), detail
     assert np.nansum(b.long_prefill_steps_delta) == pytest.approx(np.nansum(a.long_prefill_steps_delta), rel=0.1)
     assert (prom.gaps.num_long_prefill, prom.gaps.num_other) == pytest.approx(
         (db.gaps.num_long_prefill, db.gaps.num_other), rel=0.05, abs=2
