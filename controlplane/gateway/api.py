@@ -338,6 +338,15 @@ class ClientKeyViewSet(AuditedModelViewSet):
 
 # ---- the request log ---------------------------------------------------------------------
 # An empty value of a filter is no filter (the explorer's form sends every field).
+def _number_or_empty(name: str, kind: str, description: str = "") -> OpenApiParameter:
+    """A numeric filter whose empty value is the same as leaving it out
+    (``explorer.parse``: the page's filter form sends every field, empty
+    or not), and the schema says so."""
+    return OpenApiParameter(
+        name, {"anyOf": [{"type": kind}, {"type": "string", "enum": [""]}]}, description=description
+    )
+
+
 _REQUEST_FILTERS = [
     OpenApiParameter("since", str, description="ISO 8601 time, inclusive"),
     OpenApiParameter("until", str, description="ISO 8601 time, exclusive"),
@@ -345,13 +354,13 @@ _REQUEST_FILTERS = [
     OpenApiParameter("cohort", str, enum=["", *ROLES]),
     OpenApiParameter("pool", str, description="pool name"),
     OpenApiParameter("worker", str, description="worker name"),
-    OpenApiParameter("revision", int, description="profile revision id"),
+    _number_or_empty("revision", "integer", "profile revision id"),
     OpenApiParameter("prefill_mode", str, enum=["", "chunked", "monolithic"]),
     OpenApiParameter("split", str, enum=["", *explorer.SPLITS], description="chunked: the prompt was split"),
     OpenApiParameter("status", str, description="an HTTP status, ok or failed"),
     OpenApiParameter("bucket", str, description="prompt-length bucket: <=512, <=2K, <=8K, <=32K, >32K"),
     OpenApiParameter("slow_by", str, enum=["", *explorer.SLOW_BY]),
-    OpenApiParameter("slow_above", float, description="seconds: only rows whose slow_by figure is above"),
+    _number_or_empty("slow_above", "number", "seconds: only rows whose slow_by figure is above"),
     OpenApiParameter("sort", str, enum=["", *explorer.SORTS]),
     OpenApiParameter("order", str, enum=["", "desc", "asc"]),
 ]
@@ -364,7 +373,7 @@ class RequestListView(APIView):
 
     @extend_schema(
         operation_id="requests_list",
-        parameters=[*_REQUEST_FILTERS, OpenApiParameter("cursor", str), OpenApiParameter("limit", int)],
+        parameters=[*_REQUEST_FILTERS, OpenApiParameter("cursor", str), _number_or_empty("limit", "integer")],
         responses=inline_serializer(
             "RequestPage",
             {
