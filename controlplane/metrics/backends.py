@@ -72,7 +72,8 @@ class Backend(Protocol):
         dense: bool,
     ) -> Series:
         """Each figure per group at each point, over the window ending there.
-        ``dense``: points are evenly spaced (a series), else one point."""
+        ``dense``: a series (points evenly spaced, or so but for the last,
+        which may be nearer: an aligned range), else one point."""
         ...
 
 
@@ -186,6 +187,12 @@ class Prometheus:
     def _figure(
         self, f: Figure, window: float, group_by: str, selector: Mapping[str, str], points: Floats
     ) -> dict[str, list[float | None]]:
+        if len(points) > 2 and abs(float(points[-1] - points[-2]) - float(points[1] - points[0])) > 1e-6:
+            # An aligned range (points on the step's grid, the last at now):
+            # the grid in one range query, the live point in an instant one.
+            grid = self._figure(f, window, group_by, selector, points[:-1])
+            live = self._figure(f, window, group_by, selector, points[-1:])
+            return {g: grid.get(g, [None] * (len(points) - 1)) + live.get(g, [None]) for g in sorted({*grid, *live})}
         expr = compile_figure(f, window, group_by, selector)
         series: dict[str, list[float | None]] = {}
         if len(points) == 1:

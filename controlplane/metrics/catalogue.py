@@ -47,9 +47,15 @@ COUNTERS: tuple[str, ...] = (
     "chunkpilot:prefill_seconds_total",
     "chunkpilot:stream_merged_deltas_total",
 )
+# The stored vector keeps this order (``layout_for``): counters, then these.
+# The histograms the charts read (the panel's TTFT and prefill wait, the
+# overview's TTFT) come first, so they and the counters are a short head of
+# the vector (``Layout.head``, ~130 of ~2,000 values) that minute rollups
+# also keep on their own for the charts to read (models.Rollup).
 HISTOGRAMS: tuple[str, ...] = (
     # As the client sees them (written SSE events), in fine buckets: what the figures read.
     "chunkpilot:time_to_first_token_seconds",
+    "chunkpilot:prefill_chunk_wait_seconds",
     "chunkpilot:inter_token_latency_seconds",
     "chunkpilot:request_time_per_output_token_seconds",
     "chunkpilot:engine_request_max_gap_seconds",
@@ -61,10 +67,10 @@ HISTOGRAMS: tuple[str, ...] = (
     "vllm:request_queue_time_seconds",
     "vllm:request_prefill_time_seconds",
     "chunkpilot:request_max_gap_seconds",
-    "chunkpilot:prefill_chunk_wait_seconds",
     "chunkpilot:decode_gap_long_prefill_seconds",
     "chunkpilot:decode_gap_other_seconds",
 )
+CHARTED_HISTOGRAMS = HISTOGRAMS[:2]
 # Histograms the worker labels by prompt-length bucket (``prompt_bucket``):
 # each is kept as one histogram per bucket, ``name{prompt_bucket=<=512}``,
 # every bucket always in the layout (``by_prompt``).
@@ -137,6 +143,14 @@ class Layout:
                 out.setdefault(histogram, []).append((float(bound[:-1]), i))
         return {h: sorted(b) for h, b in out.items()}
 
+    @cached_property
+    def head(self) -> int:
+        """How many leading series are the counters and ``CHARTED_HISTOGRAMS``:
+        what a minute rollup keeps apart for the charts."""
+        charted = tuple(f"{h}{suffix}" for h in CHARTED_HISTOGRAMS for suffix in ("_bucket{", "_sum", "_count"))
+        ends = [i + 1 for i, key in enumerate(self.keys) if key.startswith(charted) or key in _COUNTER_KEYS]
+        return max(ends, default=0)
+
     def __len__(self) -> int:
         return len(self.keys)
 
@@ -171,6 +185,7 @@ def _sample_key(name: str, labels: dict[str, str]) -> str | None:
 
 
 _COUNTER_SET = {c for c in COUNTERS if "{" not in c}
+_COUNTER_KEYS = set(COUNTERS)
 _GAUGE_SET = set(GAUGES)
 _HISTOGRAM_SET = set(HISTOGRAMS)
 _BY_PROMPT_SET = set(BY_PROMPT_HISTOGRAMS)

@@ -239,22 +239,33 @@ def range_windows(
     raw_offsets: Floats | None,
     points: Floats,
     range_seconds: float,
+    sample_numbers: NDArray[np.int64] | None = None,
 ) -> Windows:
     """``increase(x[range])`` at each of ``points`` for every column of
     ``totals`` (one row per sample, sorted by ``times``, counters already
     reset-corrected: see ``catalogue.fold``). ``raw_offsets`` (same shape, or
     None for none) turns a total back into the raw value for the zero-point
-    check."""
+    check.
+
+    ``sample_numbers`` (one per row, non-decreasing) are for rows that stand
+    for the edges of runs of samples, not every sample (a minute's first and
+    last scrape): a range's sample count is then the difference of its first
+    and last row's numbers, plus one, rather than its rows."""
     times = np.asarray(times, dtype=np.float64)
     points = np.asarray(points, dtype=np.float64)
     num_series = totals.shape[1] if totals.ndim == 2 else 0
     first = np.searchsorted(times, points - range_seconds, side="right")
     last = np.searchsorted(times, points, side="right") - 1
-    num_samples = last - first + 1
+    inside = last - first + 1
+    num_samples = inside
+    if sample_numbers is not None and len(times):
+        numbers = np.asarray(sample_numbers, dtype=np.int64)
+        first_number = numbers[np.minimum(first, len(times) - 1)]
+        num_samples = np.where(inside >= 1, numbers[np.maximum(last, 0)] - first_number + 1, 0)
     ok = num_samples >= 2
     increases = np.full((len(points), num_series), np.nan)
-    first_index = np.where(num_samples >= 1, first, -1)
-    last_index = np.where(num_samples >= 1, last, -1)
+    first_index = np.where(inside >= 1, first, -1)
+    last_index = np.where(inside >= 1, last, -1)
     if ok.any():
         i0, i1 = first[ok], last[ok]
         first_values = totals[i0] - (raw_offsets[i0] if raw_offsets is not None else 0.0)

@@ -66,6 +66,7 @@ from controlplane.metrics.models import (
     Target,
     minute_of,
     pack,
+    raw_bytes,
     unpack,
 )
 
@@ -312,10 +313,9 @@ def record(now: datetime, parsed: Sequence[tuple[Fetched, catalogue.Scrape | Non
                 resets.append(CounterReset(target=target, ts=now, offsets=pack(folded.offsets)))
             peak = _finite(scrape.values[layout.index[catalogue.PEAK_MEMORY]])
             target.num_samples += 1
+            packed, head = pack(folded.totals), raw_bytes(folded.totals[: layout.head])
             snapshots.append(
-                Snapshot(
-                    target=target, ts=now, seq=target.num_samples, peak_memory_bytes=peak, values=pack(folded.totals)
-                )
+                Snapshot(target=target, ts=now, seq=target.num_samples, peak_memory_bytes=peak, values=packed)
             )
             minute = minute_of(now)
             if target.rollup_minute != minute:
@@ -337,7 +337,11 @@ def record(now: datetime, parsed: Sequence[tuple[Fetched, catalogue.Scrape | Non
                     seq=target.num_rollups,
                     num_samples=min(target.rollup_num_samples, 32767),
                     peak_memory_bytes=target.rollup_peak_bytes,
-                    values=pack(folded.totals),
+                    values=packed,
+                    head_last=head,
+                    # Kept from the minute's first scrape: the upsert below never updates them.
+                    first_ts=now,
+                    head_first=head,
                 )
             )
             target.last_raw = pack(scrape.values)
@@ -349,7 +353,7 @@ def record(now: datetime, parsed: Sequence[tuple[Fetched, catalogue.Scrape | Non
             rollups,
             update_conflicts=True,
             unique_fields=["target", "minute"],
-            update_fields=["last_ts", "num_samples", "peak_memory_bytes", "values"],
+            update_fields=["last_ts", "num_samples", "peak_memory_bytes", "values", "head_last"],
         )
         CounterReset.objects.bulk_create(resets)
         Target.objects.bulk_update(
