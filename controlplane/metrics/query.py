@@ -61,7 +61,7 @@ from typing import Any
 import numpy as np
 import psycopg
 from django.db import connection
-from django.db.models import F, FloatField, Func, Max, OuterRef, Q, QuerySet, Subquery, Window
+from django.db.models import BinaryField, F, FloatField, Func, Max, OuterRef, Q, QuerySet, Subquery, Window
 from django.db.models.expressions import BaseExpression
 from django.db.models.functions import Ceil, RowNumber
 from django.utils import timezone
@@ -867,13 +867,22 @@ def _edge_windows(
         layout, columns = narrowed[t.pk] = narrow(stored)
         if columns is None or (len(columns) and int(columns[-1]) >= stored.head):
             return None
+    # Only the span of the heads the figures read, [lo, hi) over every
+    # target's columns: the overview's chart reads one counter of 131.
+    lo = min((int(c[0]) for _, c in narrowed.values() if c is not None and len(c)), default=0)
+    hi = max((int(c[-1]) + 1 for _, c in narrowed.values() if c is not None and len(c)), default=lo)
     rows: dict[int, list[tuple[float, float, int, float | None, bytes, bytes]]] = defaultdict(list)
     # In no order (sorting 12,000 rows of vectors spilled to disk in the
     # database; each target's few dozen are sorted here).
     fetched = _fetch_binary(
         Rollup.objects.filter(target_id__in=list(by_id), minute__gte=_dt(start), minute__lt=_dt(end))
-        .annotate(t0=Epoch("first_ts"), t1=Epoch("last_ts"))
-        .values_list("target_id", "t0", "t1", "num_samples", "peak_memory_bytes", "head_first", "head_last")
+        .annotate(
+            t0=Epoch("first_ts"),
+            t1=Epoch("last_ts"),
+            first_span=_Bytes("head_first", lo, hi),
+            last_span=_Bytes("head_last", lo, hi),
+        )
+        .values_list("target_id", "t0", "t1", "num_samples", "peak_memory_bytes", "first_span", "last_span")
     )
     for target_id, *row in fetched:
         if row[0] is None or row[4] is None or row[5] is None:
@@ -883,7 +892,9 @@ def _edge_windows(
     out = []
     for target_id, t in by_id.items():
         layout, columns = narrowed[target_id]
-        head = SeriesLayout.layout_by_id(t.layout_id).head
+        # This target's part of the span: a head shorter than ``hi`` (another
+        # layout's) ends before it, past every column it reads.
+        width = min(hi, SeriesLayout.layout_by_id(t.layout_id).head) - lo
         target_rows = sorted(rows.get(target_id, []), key=lambda r: r[1])
         times = np.array([edge for r in target_rows for edge in r[:2]], dtype=np.float64)
         if (np.abs(times / 60.0 - np.round(times / 60.0)) * 60.0 < _EDGE_TOLERANCE_SECONDS).any():
@@ -896,9 +907,9 @@ def _edge_windows(
         numbers[0::2] = numbers[1::2] - counts + 1
         # Every head of the target, first and last of each minute, as one array.
         joined = b"".join(bytes(h) for r in target_rows for h in r[4:])
-        if len(joined) != len(times) * head * 8:
+        if len(joined) != len(times) * width * 8:
             return None  # a head not of its layout's length: never, as the scraper writes
-        totals = np.frombuffer(joined, dtype=np.float64).reshape(len(times), head)[:, columns]
+        totals = np.frombuffer(joined, dtype=np.float64).reshape(len(times), width)[:, np.asarray(columns) - lo]
         windows = promql.range_windows(
             times, totals, offsets.at(target_id, times, len(layout), columns), points, window, sample_numbers=numbers
         )
@@ -909,6 +920,22 @@ def _edge_windows(
             peaks = np.full(len(points), np.nan)
         out.append(TargetWindows(t.labels(), layout, windows.increases, peaks, window))
     return out
+
+
+class _Bytes(Func):
+    """Values ``[lo, hi)`` of a column of float64 bytes, cut by the database
+    (PostgreSQL decompresses only as far as the cut)."""
+
+    function = "SUBSTR"
+    # Two integers of ours, written into the statement (no parameter to type).
+    template = "%(function)s(%(expressions)s, %(start)d, %(length)d)"
+    output_field = BinaryField()
+
+    def __init__(self, column: str, lo: int, hi: int):
+        super().__init__(F(column), start=8 * int(lo) + 1, length=8 * (int(hi) - int(lo)))
+
+    def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        return self.as_sql(compiler, connection, function="SUBSTRING", **extra)
 
 
 def _fetch_binary(rows: QuerySet[Any]) -> list[tuple[Any, ...]]:
